@@ -1,0 +1,46 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+# Each creates .venv (if missing or stale) and installs the pinned requirements.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+OUT ?= out/demo
+
+.PHONY: demo test lab lint unit integration notebooks browser bench clean
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m interactive_shard demo --out $(OUT)
+
+test: $(STAMP) lint unit integration notebooks browser
+
+lint: $(STAMP)
+	$(PY) -m ruff check interactive_shard tests benchmarks
+	$(PY) -m ruff format --check interactive_shard tests benchmarks
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q
+
+integration: $(STAMP)
+	$(PY) -m pytest tests/integration -q
+
+notebooks: $(STAMP)
+	$(PY) -m pytest tests/notebooks -q
+
+browser: $(STAMP)
+	$(PY) -m pytest tests/browser -q -rs
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

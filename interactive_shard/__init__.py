@@ -1,0 +1,35 @@
+"""interactive_shard: watch PyTorch DDP, FSDP2 and torch.compile on real ranks, live.
+
+import interactive_shard as ish
+cluster = ish.Cluster(nprocs=2)
+run = cluster.run(train)        # train(ctx) runs on every rank
+run.results, run.save("run.jsonl"), run.to_html("run.html")
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from interactive_shard.cluster import (
+    Cluster,
+    ClusterClosedError,
+    RankContext,
+    RankError,
+    Run,
+    launch,
+    load,
+)
+from interactive_shard.telemetry import RecordingError, RecordingWarning
+
+__all__ = [
+    "Cluster",
+    "ClusterClosedError",
+    "RankContext",
+    "RankError",
+    "RecordingError",
+    "RecordingWarning",
+    "Run",
+    "__version__",
+    "launch",
+    "load",
+]

@@ -1,0 +1,25 @@
+"""Start ranks from a notebook, run functions on them, stream output, shut down cleanly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from interactive_shard.cluster.cluster import Cluster, ClusterClosedError
+from interactive_shard.cluster.context import RankContext
+from interactive_shard.cluster.errors import RankError
+from interactive_shard.cluster.run import Run, load
+
+
+def launch(fn: Any, *args: Any, nprocs: int = 2, **kwargs: Any) -> Run:
+    """One shot: start ``nprocs`` ranks, run ``fn(ctx, *args)`` on them, close them.
+
+    Keyword arguments that ``Cluster`` takes (backend, device, start_method, timeout,
+    threads, echo) configure the cluster; the others go to ``fn``.
+    """
+    cluster_keys = {"backend", "device", "start_method", "timeout", "threads", "echo"}
+    cluster_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in cluster_keys}
+    with Cluster(nprocs, restart_on_failure=False, **cluster_kwargs) as cluster:
+        return cluster.run(fn, *args, **kwargs)
+
+
+__all__ = ["Cluster", "ClusterClosedError", "RankContext", "RankError", "Run", "launch", "load"]

@@ -1,0 +1,465 @@
+"""Cluster: persistent rank processes with a process group, driven from a notebook.
+
+Note [Cluster lifecycle]
+------------------------
+Background: a notebook wants ranks that outlive one cell (build a model, then step
+it), report errors fast, and never leave processes behind.
+
+Algorithm:
+1. The kernel hosts the rendezvous ``TCPStore`` (port chosen by the OS, so clusters
+   never collide) and a telemetry ``Collector``; each generation of ranks uses a
+   fresh store prefix.
+2. Ranks start (fork where safe, else spawn), join the process group, say "ready".
+3. ``run(fn)`` sends ``cloudpickle((fn, args, kwargs))`` to every rank; each replies
+   "done" with its pickled result or "error" with its traceback. A supervisor
+   thread turns replies, output lines and process deaths into ``Run`` updates.
+4. When one rank fails the others get ``FAILURE_GRACE_S`` to report. Ranks still
+   running then are stuck (typically in a collective with the failed rank): the
+   cluster kills and restarts all ranks (``restart_on_failure``), or marks itself
+   broken so the next ``run`` asks for ``restart()``.
+
+Caveats: ``ctx.state`` lives in the rank processes, so a restart empties it. A rank
+stuck in C++ code ignores interrupts; it is killed after a grace period.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import linecache
+import logging
+import os
+import pickle
+import signal
+import threading
+import time
+import warnings
+import weakref
+from typing import Any
+
+import cloudpickle
+
+from interactive_shard.cluster import options
+from interactive_shard.cluster.errors import RankError
+from interactive_shard.cluster.procs import Generation, describe_exit
+from interactive_shard.cluster.run import Run
+from interactive_shard.cluster.worker import WorkerConfig
+from interactive_shard.monitor.model import RankState
+from interactive_shard.telemetry import schema
+from interactive_shard.telemetry.channel import Collector
+from interactive_shard.telemetry.schema import Batch
+from interactive_shard.telemetry.store import RunInfo, RunStore
+from interactive_shard.ui import live
+
+log = logging.getLogger(__name__)
+
+INTERRUPT_GRACE_S = 3.0
+_run_ids = itertools.count(1)
+
+
+class ClusterClosedError(RuntimeError):
+    pass
+
+
+class Cluster:
+    """``nprocs`` rank processes with an initialised process group.
+
+    >>> with Cluster(nprocs=2) as cluster:          # doctest: +SKIP
+    ...     run = cluster.run(lambda ctx: ctx.rank)
+    ...     run.results
+    [0, 1]
+    """
+
+    def __init__(
+        self,
+        nprocs: int = 2,
+        *,
+        backend: str = "auto",
+        device: str = "auto",
+        start_method: str = "auto",
+        timeout: float = 60.0,
+        threads: int | None = None,
+        restart_on_failure: bool = True,
+        echo: bool = True,
+        telemetry_host: str = "127.0.0.1",
+        telemetry_port: int = 0,
+        telemetry_token: str | None = None,
+    ) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+        self.placement = options.resolve(
+            nprocs,
+            backend,
+            device,
+            start_method,
+            threads,
+            cuda_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            cuda_initialized=torch.cuda.is_initialized(),
+        )
+        self.nprocs = nprocs
+        self.timeout = float(timeout)
+        self.restart_on_failure = restart_on_failure
+        self.echo = echo
+        self.logs: list[list[str]] = [[] for _ in range(nprocs)]  # every line, per rank
+        self._lock = threading.Lock()
+        self._rank_states = [RankState.STARTING] * nprocs
+        self._exit_notes: dict[int, str] = {}
+        self._startup_errors: dict[int, str] = {}
+        self._runs: weakref.WeakValueDictionary[int, Run] = weakref.WeakValueDictionary()
+        self._current: Run | None = None
+        self._latest: Run | None = None
+        self._generation_no = 0
+        self._closed = False
+        collector = Collector(
+            self._on_batch, host=telemetry_host, port=telemetry_port, token=telemetry_token
+        )
+        store = dist.TCPStore(
+            "127.0.0.1", 0, None, True,
+            timeout=datetime.timedelta(seconds=self.timeout), wait_for_workers=False,
+        )  # fmt: skip
+        # Everything that must be released, held apart from self so that garbage
+        # collection of the Cluster can run the finalizer (no orphan ranks).
+        self._res = _Resources(collector, store)
+        self._finalizer = weakref.finalize(self, self._res.close)
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- public ---------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        return self.placement.backend
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return self.placement.devices
+
+    @property
+    def rank_states(self) -> list[RankState]:
+        return list(self._rank_states)
+
+    @property
+    def latest_run(self) -> Run | None:
+        return self._latest
+
+    @property
+    def telemetry(self) -> tuple[str, str]:
+        """(address, token) for ranks started elsewhere (``ish.telemetry.rank.connect``)."""
+        return self._collector.address, self._collector.token
+
+    def run(self, fn: Any, *args: Any, wait: bool = True, **kwargs: Any) -> Run:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the ``Run``.
+
+        ``wait=True`` blocks until all ranks finished (views stay live) and raises
+        ``RankError`` if any failed; ``wait=False`` returns at once: call
+        ``run.wait()`` later.
+        """
+        self._ready_for_run()
+        if not callable(fn):
+            raise TypeError(f"cluster.run needs a function fn(ctx, ...), got {fn!r}.")
+        payload = _pickle_call(fn, args, kwargs)
+        run_id = next(_run_ids)
+        import torch
+
+        from interactive_shard import __version__
+
+        info = RunInfo(
+            world_size=self.nprocs,
+            backend=self.backend,
+            device_types=self.placement.device_types,
+            package_version=__version__,
+            torch_version=torch.__version__,
+            name=getattr(fn, "__qualname__", repr(fn)),
+        )
+        run = Run(RunStore(info), cluster=self, run_id=run_id)
+        with self._lock:
+            self._runs[run_id] = run
+            self._current = self._latest = run
+            self._rank_states = [RankState.RUNNING] * self.nprocs
+        for rank in range(self.nprocs):
+            run._state_event(rank, RankState.RUNNING)
+        assert self._gen is not None
+        for rank in range(self.nprocs):
+            self._gen.send(rank, ("run", run_id, payload))
+        if wait:
+            return run.wait()
+        live.keep_polling(lambda: self._poll(run))
+        return run
+
+    def restart(self) -> None:
+        """Kill the ranks and start fresh ones (``ctx.state`` is emptied)."""
+        self._check_open()
+        self._stop_generation(graceful=False)
+        self._start()
+
+    def close(self) -> None:
+        """Stop every rank and release ports. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_generation(graceful=True)
+        self._finalizer()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        from interactive_shard.monitor.view import MonitorView
+
+        display(MonitorView(self).widget)
+
+    def __repr__(self) -> str:
+        states = ", ".join(s.value for s in self._rank_states)
+        status = "closed" if self._closed else states
+        return (
+            f"Cluster(nprocs={self.nprocs}, backend={self.backend!r}, "
+            f"devices={list(self.devices)}, start_method={self.placement.start_method!r}, "
+            f"ranks=[{status}])"
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def _gen(self) -> Generation | None:
+        return self._res.gen
+
+    @property
+    def _collector(self) -> Collector:
+        return self._res.collector
+
+    def _start(self) -> None:
+        self._generation_no += 1
+        self._exit_notes.clear()
+        self._startup_errors.clear()
+        self._rank_states = [RankState.STARTING] * self.nprocs
+        address, token = self._collector.address, self._collector.token
+        configs = [
+            WorkerConfig(
+                rank=r,
+                world_size=self.nprocs,
+                device=self.devices[r],
+                backend=self.backend,
+                threads=self.placement.threads,
+                store_host="127.0.0.1",
+                store_port=self._res.store.port,
+                generation=self._generation_no,
+                timeout=self.timeout,
+                telemetry_address=address,
+                telemetry_token=token,
+                parent_pid=os.getpid(),
+            )
+            for r in range(self.nprocs)
+        ]
+        self._res.gen = Generation(
+            configs, self.placement.start_method, self._on_message, self._on_output, self._on_exit
+        )
+        deadline = time.monotonic() + self.timeout + 30  # spawn imports torch first
+        gen = self._gen
+        while not all(r.ready for r in gen.ranks):
+            failed = self._startup_errors or self._exit_notes
+            if failed or time.monotonic() > deadline:
+                tracebacks = {**self._exit_notes, **self._startup_errors}
+                if not tracebacks:
+                    pending = [r.rank for r in gen.ranks if not r.ready]
+                    tracebacks = {r: f"rank {r} did not start within the timeout" for r in pending}
+                self._stop_generation(graceful=False)
+                raise RankError(tracebacks, note="could not start the cluster")
+            time.sleep(0.005)
+        self._rank_states = [RankState.IDLE] * self.nprocs
+
+    def _stop_generation(self, *, graceful: bool) -> None:
+        gen, self._res.gen = self._res.gen, None
+        if gen is not None:
+            gen.stop(graceful=graceful)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClusterClosedError("this Cluster is closed; create a new one.")
+
+    def _ready_for_run(self) -> None:
+        self._check_open()
+        if self._current is not None and not self._poll(self._current):
+            raise RuntimeError(
+                f"run {self._current.run_id} is still in progress on this cluster; call "
+                "run.wait() (or interrupt it) before starting another."
+            )
+        if RankState.FAILED in self._rank_states:
+            why = "; ".join(f"rank {r} {n}" for r, n in self._exit_notes.items()) or "failure"
+            if not self.restart_on_failure:
+                raise RuntimeError(
+                    f"the cluster's ranks are down ({why}); call cluster.restart() first."
+                )
+            warnings.warn(
+                f"restarting the cluster's ranks ({why}); ctx.state is empty now.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self.restart()
+
+    # -- callbacks from the supervisor / collector threads ---------------------------------
+    def _on_message(self, rank: int, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            return
+        run = self._runs.get(msg[1])
+        if kind == "error" and msg[1] == 0:
+            self._startup_errors[rank] = msg[2]
+        elif run is None:
+            return
+        elif kind == "done":
+            try:
+                run._reply(rank, "done", pickle.loads(msg[2]))
+            except Exception as exc:
+                run._reply(rank, "error", f"[rank {rank}] result could not be unpickled: {exc!r}")
+        elif kind == "error":
+            run._reply(rank, "error", msg[2])
+
+    def _on_output(self, rank: int, stream: str, line: str) -> None:
+        self.logs[rank].append(line)
+        run = self._current or self._latest
+        if run is not None:
+            payload = {"stream": stream, "text": line}
+            run.store.append(schema.Event(schema.LOG, rank, 0, time.monotonic(), payload))
+
+    def _on_exit(self, rank: int, exitcode: int | None) -> None:
+        if self._closed or self._gen is None:
+            return  # we stopped it
+        tail = "\n".join(self.logs[rank][-15:])
+        note = f"rank {rank} {describe_exit(exitcode)}"
+        self._exit_notes[rank] = f"{note}\nlast output:\n{tail}" if tail else note
+        self._rank_states[rank] = RankState.FAILED
+        run = self._current
+        if run is not None:
+            run._reply(rank, "died", self._exit_notes[rank])
+
+    def _on_batch(self, batch: Batch) -> None:
+        run = self._runs.get(batch.run)
+        if run is None:
+            return
+        run.store.extend(batch.events)
+        if batch.final:
+            run._stream_closed(batch.rank)
+
+    # -- waiting, failure and interrupt -----------------------------------------------------
+    def _poll(self, run: Run) -> bool:
+        """Non-blocking: conclude ``run`` if it is decided. True when finished."""
+        if run.done:
+            return True
+        with run._cond:
+            decided = run._decided(time.monotonic())
+        if self.echo:
+            run._echo()
+        if decided:
+            self._finish(run)
+        return decided
+
+    def _wait_run(self, run: Run, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._poll(run):
+                live.tick()
+                with run._cond:
+                    run._cond.wait(0.05)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"run {run.run_id} is still running after {timeout} s; call "
+                        "run.wait() again, or interrupt the kernel to stop it."
+                    )
+        except KeyboardInterrupt:
+            self._interrupt(run)
+            raise
+        live.tick(force=True)
+
+    def _finish(self, run: Run) -> None:
+        stuck = run._pending()
+        broken = bool(stuck) or "died" in run._replied.values()
+        note = ""
+        if broken and run._tracebacks:
+            if self.restart_on_failure:
+                note = "the cluster restarted its ranks; ctx.state is empty"
+            else:
+                note = "the cluster's ranks are down: call cluster.restart()"
+        if stuck:
+            self._gen and self._gen.signal(stuck, signal.SIGKILL)
+        run._conclude(note)
+        self._current = None
+        if broken:
+            self._rank_states = [RankState.FAILED] * self.nprocs
+            if self.restart_on_failure and not self._closed:
+                self.restart()
+        else:
+            self._rank_states = [RankState.IDLE] * self.nprocs
+
+    def _interrupt(self, run: Run) -> None:
+        """Stop the ranks' work: SIGINT, then kill whoever does not come back."""
+        assert self._gen is not None
+        self._gen.signal(run._pending(), signal.SIGINT)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        while run._pending() and time.monotonic() < deadline:
+            try:
+                time.sleep(0.02)
+            except KeyboardInterrupt:  # a second interrupt: stop waiting, kill below
+                break
+        self._gen.signal(run._pending(), signal.SIGKILL)
+        while True:  # the kill lands within ms; let the supervisor see it
+            try:
+                self._wait_decided(run)
+                break
+            except KeyboardInterrupt:
+                continue
+        self._finish(run)
+
+    def _wait_decided(self, run: Run) -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with run._cond:
+                if not run._pending():
+                    return
+                run._cond.wait(0.05)
+
+
+def _pickle_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    # cloudpickle renames the code's file to "<dynamic-code>"; ship the source of fn's
+    # file (often a notebook cell) under that name so rank tracebacks show code lines.
+    code = getattr(fn, "__code__", None)
+    lines = linecache.getlines(code.co_filename) if code is not None else []
+    sources = {"<dynamic-code>": (sum(map(len, lines)), None, lines, "<dynamic-code>")}
+    try:
+        return cloudpickle.dumps((fn, args, kwargs, sources))
+    except Exception as exc:
+        raise TypeError(
+            f"cannot send {getattr(fn, '__qualname__', fn)!r} and its arguments to the ranks: "
+            f"{exc}. Pass plain data, tensors or modules as arguments; create open files, "
+            "locks or sockets inside the function."
+        ) from exc
+
+
+class _Resources:
+    """What a Cluster must release; closing is idempotent and never raises."""
+
+    def __init__(self, collector: Collector, store: Any) -> None:
+        self.collector = collector
+        self.store = store
+        self.gen: Generation | None = None
+
+    def close(self) -> None:
+        gen, self.gen = self.gen, None
+        if gen is not None:
+            try:
+                gen.stop(graceful=False)
+            except Exception:
+                log.exception("stopping ranks failed")
+        try:
+            self.collector.close()
+        except Exception:
+            log.exception("closing the telemetry collector failed")
+        self.store = None

@@ -1,0 +1,177 @@
+"""Rank processes of one generation: start, watch, stop. No run logic here.
+
+A supervisor thread waits on every rank's control pipe, stdout/stderr pipes and
+process sentinel at once (``multiprocessing.connection.wait``), and hands what it
+sees to callbacks. Killing and starting happen on the caller's thread (usually the
+notebook's main thread), never on the supervisor.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from interactive_shard.cluster.worker import WorkerConfig, main
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RankProc:
+    rank: int
+    process: Any  # multiprocessing.Process (its class depends on the start method)
+    conn: Connection
+    outputs: dict[str, Connection]  # stream name -> read end
+    pid: int | None = None
+    ready: bool = False
+    exit_reported: bool = False
+    partial: dict[str, bytes] = field(default_factory=dict)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "is still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name} (exit code {exitcode})"
+    return f"exited with code {exitcode}"
+
+
+class Generation:
+    """One set of rank processes sharing a process group."""
+
+    def __init__(
+        self,
+        configs: list[WorkerConfig],
+        start_method: str,
+        on_message: Callable[[int, tuple[Any, ...]], None],
+        on_output: Callable[[int, str, str], None],
+        on_exit: Callable[[int, int | None], None],
+    ) -> None:
+        self._on_message, self._on_output, self._on_exit = on_message, on_output, on_exit
+        ctx = mp.get_context(start_method)
+        self.ranks: list[RankProc] = []
+        for cfg in configs:
+            parent_conn, child_conn = ctx.Pipe()
+            outs = {s: ctx.Pipe(duplex=False) for s in ("stdout", "stderr")}
+            proc = ctx.Process(
+                target=main,
+                args=(cfg, child_conn, outs["stdout"][1], outs["stderr"][1]),
+                name=f"ish-rank{cfg.rank}",
+                daemon=True,
+            )
+            proc.start()
+            for end in (child_conn, outs["stdout"][1], outs["stderr"][1]):
+                end.close()  # the child holds these now; EOF reaches us when it dies
+            self.ranks.append(
+                RankProc(cfg.rank, proc, parent_conn, {s: p[0] for s, p in outs.items()})
+            )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name="ish-supervisor", daemon=True)
+        self._thread.start()
+
+    # -- supervisor thread ----------------------------------------------------------------
+    def _supervise(self) -> None:
+        watched: dict[Any, tuple[RankProc, str]] = {}
+        for r in self.ranks:
+            watched[r.conn] = (r, "control")
+            for stream, conn in r.outputs.items():
+                watched[conn] = (r, stream)
+            watched[r.process.sentinel] = (r, "exit")
+        while watched and not self._stop.is_set():
+            for obj in wait(list(watched), timeout=0.2):
+                rank, what = watched[obj]
+                if what == "control":
+                    self._read_control(rank, obj, watched)
+                elif what == "exit":
+                    # Drain output first so the last stderr lines explain the death.
+                    del watched[obj]
+                    self._drain(rank, watched)
+                    rank.process.join(timeout=1)
+                    rank.exit_reported = True
+                    self._on_exit(rank.rank, rank.process.exitcode)
+                else:
+                    self._read_output(rank, what, obj, watched)
+
+    def _read_control(self, rank: RankProc, conn: Connection, watched: dict) -> None:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            del watched[conn]
+            return
+        if msg[0] == "ready":
+            rank.pid, rank.ready = msg[1], True
+        self._on_message(rank.rank, msg)
+
+    def _read_output(self, rank: RankProc, stream: str, conn: Connection, watched: dict) -> None:
+        try:
+            data = os.read(conn.fileno(), 65536)
+        except OSError:
+            data = b""
+        if not data:
+            del watched[conn]
+            tail = rank.partial.pop(stream, b"")
+            if tail:
+                self._on_output(rank.rank, stream, tail.decode(errors="replace"))
+            return
+        *lines, rest = (rank.partial.get(stream, b"") + data).split(b"\n")
+        rank.partial[stream] = rest
+        for line in lines:
+            self._on_output(rank.rank, stream, line.decode(errors="replace").rstrip("\r"))
+
+    def _drain(self, rank: RankProc, watched: dict) -> None:
+        for stream, conn in rank.outputs.items():
+            while conn in watched and conn.poll(0):
+                self._read_output(rank, stream, conn, watched)
+        while rank.conn in watched and rank.conn.poll(0):
+            self._read_control(rank, rank.conn, watched)
+
+    # -- called from the owner's thread ---------------------------------------------------
+    def send(self, rank: int, msg: tuple[Any, ...]) -> None:
+        self.ranks[rank].conn.send(msg)
+
+    def signal(self, ranks: list[int], sig: int) -> None:
+        for r in ranks:
+            proc = self.ranks[r].process
+            if proc.is_alive() and proc.pid:
+                try:
+                    os.kill(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def alive(self) -> list[int]:
+        return [r.rank for r in self.ranks if r.process.is_alive()]
+
+    def stop(self, *, graceful: bool, grace_s: float = 3.0) -> None:
+        """Ask ranks to leave (graceful) or kill them; always reap every process."""
+        if graceful:
+            for r in self.ranks:
+                try:
+                    r.conn.send(("stop",))
+                except (OSError, ValueError):
+                    pass
+            deadline = time.monotonic() + grace_s
+            for r in self.ranks:
+                r.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for r in self.ranks:
+            if r.process.is_alive():
+                r.process.kill()
+        for r in self.ranks:
+            r.process.join(timeout=5)
+        self._stop.set()
+        self._thread.join(timeout=2)
+        for r in self.ranks:
+            for conn in (r.conn, *r.outputs.values()):
+                conn.close()
+            r.process.close()

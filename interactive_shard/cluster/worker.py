@@ -1,0 +1,159 @@
+"""The rank process: join the process group, then run functions sent by the kernel.
+
+Protocol on the control pipe (an anonymous pipe inherited from the kernel, never a
+listening socket, so no other process can write to it):
+
+  kernel -> rank   ("run", run_id, payload)   payload = cloudpickle of (fn, args, kwargs)
+                   ("stop",)
+  rank -> kernel   ("ready", pid)
+                   ("done", run_id, result)   result = pickled return value
+                   ("error", run_id, traceback_text, interrupted)
+
+Events go separately over the telemetry channel; before "done"/"error" the rank
+flushes them and closes the run's stream (``final``), so the kernel knows none are
+still in flight.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import linecache
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    rank: int
+    world_size: int
+    device: str
+    backend: str
+    threads: int
+    store_host: str
+    store_port: int
+    generation: int
+    timeout: float
+    telemetry_address: str
+    telemetry_token: str
+    parent_pid: int
+
+
+def main(cfg: WorkerConfig, conn: Connection, out_w: Connection, err_w: Connection) -> None:
+    _redirect_output(out_w, err_w)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only a running function is interruptible
+    _watch_parent(cfg.parent_pid)
+    try:
+        ctx = _start(cfg)
+    except BaseException:
+        conn.send(("error", 0, _format_exc(cfg.rank), False))
+        return
+    conn.send(("ready", os.getpid()))
+    _serve(cfg, ctx, conn)
+
+
+def _redirect_output(out_w: Connection, err_w: Connection) -> None:
+    # fd-level, so C++ output (gloo, NCCL, aborts) is captured too.
+    os.dup2(out_w.fileno(), 1)
+    os.dup2(err_w.fileno(), 2)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", 0, closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", 0, closefd=False), line_buffering=True)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit as soon as the kernel is gone: no orphan ranks, even after kill -9 of it."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ish-parent-watch", daemon=True).start()
+
+
+def _start(cfg: WorkerConfig) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    from interactive_shard.cluster.context import RankContext
+    from interactive_shard.telemetry import rank as rank_channel
+    from interactive_shard.telemetry.channel import Emitter
+
+    torch.set_num_threads(cfg.threads)
+    if cfg.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(cfg.device))
+    timeout = datetime.timedelta(seconds=cfg.timeout)
+    client = dist.TCPStore(cfg.store_host, cfg.store_port, None, False, timeout=timeout)
+    # A fresh prefix per generation: a restarted cluster never sees stale keys.
+    store = dist.PrefixStore(f"ish/gen{cfg.generation}", client)
+    dist.init_process_group(
+        cfg.backend, store=store, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout
+    )
+    emitter = Emitter(cfg.telemetry_address, cfg.telemetry_token, cfg.rank)
+    rank_channel.set_emitter(emitter)
+    return RankContext(cfg.rank, cfg.world_size, cfg.device, cfg.backend, emitter)
+
+
+def _serve(cfg: WorkerConfig, ctx: Any, conn: Connection) -> None:
+    emitter = ctx._emitter
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:  # kernel closed the pipe
+            break
+        if msg[0] == "stop":
+            break
+        _, run_id, payload = msg
+        emitter.start_run(run_id)
+        reply: tuple[Any, ...]
+        try:
+            fn, args, kwargs, sources = pickle.loads(payload)
+            linecache.cache.update(sources)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            try:
+                result = fn(ctx, *args, **kwargs)
+            finally:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            reply = ("done", run_id, _dumps_result(cfg.rank, result))
+        except KeyboardInterrupt:
+            reply = ("error", run_id, _format_exc(cfg.rank), True)
+        except BaseException:
+            reply = ("error", run_id, _format_exc(cfg.rank), False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        emitter.flush(final=True)
+        conn.send(reply)
+    _shutdown(emitter)
+
+
+def _dumps_result(rank: int, result: Any) -> bytes:
+    try:
+        return cloudpickle.dumps(result)
+    except Exception as exc:
+        raise TypeError(
+            f"rank {rank}: the function's return value ({type(result).__qualname__}) cannot "
+            f"be sent to the notebook ({exc}). Return plain data, tensors or numbers; keep "
+            "other objects in ctx.state."
+        ) from exc
+
+
+def _format_exc(rank: int) -> str:
+    return f"[rank {rank}] " + traceback.format_exc()
+
+
+def _shutdown(emitter: Any) -> None:
+    import torch.distributed as dist
+
+    emitter.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,169 @@
+"""RunMonitor view: rank states, steps, progress, last log lines, live scalar plot."""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from interactive_shard.monitor.model import MonitorModel, RankState
+from interactive_shard.ui import live
+from interactive_shard.ui.colors import STATE_COLORS, rank_color
+
+if TYPE_CHECKING:
+    from interactive_shard.cluster.cluster import Cluster
+    from interactive_shard.cluster.run import Run
+
+DASHES = ("solid", "dash", "dot", "dashdot")
+
+
+def figure_scalars(model: MonitorModel) -> go.Figure:
+    """One line per (scalar, rank), x = step."""
+    fig = go.Figure()
+    for i, (name, per_rank) in enumerate(sorted(model.scalars.items())):
+        for rank, series in sorted(per_rank.items()):
+            fig.add_trace(
+                go.Scatter(
+                    x=series.steps,
+                    y=series.values,
+                    mode="lines+markers",
+                    name=f"{name} · rank {rank}",
+                    line={"color": rank_color(rank), "dash": DASHES[i % len(DASHES)]},
+                    marker={"size": 4},
+                )
+            )
+    fig.update_layout(
+        title="Scalars emitted by the ranks",
+        xaxis_title="step",
+        height=300,
+        margin={"l": 50, "r": 20, "t": 40, "b": 40},
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def _trace_keys(fig: go.Figure | go.FigureWidget) -> list[str]:
+    return [t.name for t in fig.data]
+
+
+class MonitorView:
+    """Live monitor of a Run, or of a Cluster's latest run. The widget is built lazily."""
+
+    def __init__(self, source: Run | Cluster) -> None:
+        self._source = source
+        self._run: Run | None = None
+        self._model: MonitorModel | None = None
+        self._widget: widgets.VBox | None = None
+        self._seen_version = -1
+
+    # -- state (no widgets) ----------------------------------------------------------------
+    def _follow(self) -> MonitorModel | None:
+        from interactive_shard.cluster.run import Run
+
+        run = self._source if isinstance(self._source, Run) else self._source.latest_run
+        if run is not self._run:
+            self._run, self._model, self._seen_version = run, None, -1
+        if run is not None and self._model is None:
+            self._model = MonitorModel(run.store)
+        if self._model is not None:
+            self._model.update()
+        return self._model
+
+    def _states(self, model: MonitorModel | None) -> list[str]:
+        from interactive_shard.cluster.run import Run
+
+        if isinstance(self._source, Run):
+            assert model is not None
+            return [r.state.value for r in model.ranks]
+        states = [s.value for s in self._source.rank_states]
+        if model is not None:  # a finished/failed run says more than "idle"
+            for i, r in enumerate(model.ranks):
+                if states[i] == RankState.IDLE.value and r.state != RankState.RUNNING:
+                    states[i] = r.state.value
+        return states
+
+    def _header(self) -> str:
+        from interactive_shard.cluster.run import Run
+
+        run = self._run
+        if isinstance(self._source, Run):
+            info = self._source.store.info
+            where = f"{info.world_size} ranks · {info.backend} · {', '.join(info.device_types)}"
+        else:
+            c = self._source
+            where = (
+                f"Cluster · {c.nprocs} ranks · {c.backend} on {', '.join(sorted(set(c.devices)))}"
+                f" · {c.placement.start_method}"
+            )
+        what = f" · run {run.run_id}: {html.escape(run.store.info.name)}" if run else ""
+        return f"<b>{where}</b>{what}"
+
+    # -- widgets ---------------------------------------------------------------------------
+    @property
+    def widget(self) -> widgets.VBox:
+        if self._widget is None:
+            self._build()
+            live.register(self)
+        assert self._widget is not None
+        return self._widget
+
+    def _build(self) -> None:
+        model = self._follow()
+        n = len(self._states(model))
+        self._title = widgets.HTML()
+        self._labels = [widgets.HTML(layout={"width": "170px"}) for _ in range(n)]
+        self._bars = [
+            widgets.IntProgress(min=0, max=1, value=0, layout={"width": "200px"}) for _ in range(n)
+        ]
+        self._logs = [widgets.HTML(layout={"width": "100%"}) for _ in range(n)]
+        rows = [widgets.HBox([self._labels[r], self._bars[r], self._logs[r]]) for r in range(n)]
+        self._fig = go.FigureWidget(figure_scalars(model) if model else go.Figure())
+        self._fig.layout.visible = bool(self._fig.data)
+        self._widget = widgets.VBox([self._title, *rows, self._fig])
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Redraw from the model (called by ui.live at most 10 times a second)."""
+        if self._widget is None:
+            return
+        model = self._follow()
+        version = model.store.version if model else 0
+        states = self._states(model)
+        self._title.value = self._header()
+        for r, state in enumerate(states):
+            status = model.ranks[r] if model else None
+            step = f" · step {status.step}" if status and status.step else ""
+            color = STATE_COLORS.get(state, "#999")
+            self._labels[
+                r
+            ].value = f"<span style='color:{color}'>●</span> rank {r} <b>{state}</b>{step}"
+            bar = self._bars[r]
+            if status and status.total:
+                bar.max, bar.value = status.total, min(status.step, status.total)
+                bar.layout.visibility = "visible"
+            else:
+                bar.layout.visibility = "hidden"
+            lines = list(status.logs)[-3:] if status else []
+            self._logs[r].value = (
+                "<pre style='margin:0;font-size:11px;line-height:1.2'>"
+                + html.escape("\n".join(lines))
+                + "</pre>"
+            )
+        if model is not None and version != self._seen_version:
+            self._seen_version = version
+            self._redraw(figure_scalars(model))
+
+    def _redraw(self, fig: go.Figure) -> None:
+        with self._fig.batch_update():
+            if _trace_keys(self._fig) == _trace_keys(fig):
+                for old, new in zip(self._fig.data, fig.data, strict=True):
+                    old.x, old.y = new.x, new.y
+            else:
+                self._fig.data = ()
+                self._fig.add_traces(list(fig.data))
+            self._fig.layout.visible = bool(fig.data)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)

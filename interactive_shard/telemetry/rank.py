@@ -1,0 +1,40 @@
+"""Rank-side access to the channel, for probes and for ranks not started by a Cluster.
+
+A Cluster's worker connects on start-up. A process started by ``torchrun`` calls
+``connect(address, token)`` with the values printed by ``Collector``/``Cluster`` to
+stream to a notebook.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from interactive_shard.telemetry.channel import Emitter
+
+_emitter: Emitter | None = None
+
+
+def set_emitter(emitter: Emitter | None) -> None:
+    global _emitter
+    _emitter = emitter
+
+
+def emitter() -> Emitter | None:
+    """The process's emitter, or None when nothing is connected."""
+    return _emitter
+
+
+def emit(kind: str, payload: dict[str, Any], step: int | None = None) -> None:
+    """Send an event if connected; probes call this and cost nothing when unconnected."""
+    if _emitter is not None:
+        _emitter.emit(kind, payload, step)
+
+
+def connect(address: str, token: str, rank: int | None = None) -> Emitter:
+    """Connect this process (e.g. a torchrun rank) to a notebook's collector."""
+    if rank is None:
+        rank = int(os.environ.get("RANK", "0"))
+    set_emitter(Emitter(address, token, rank))
+    assert _emitter is not None
+    return _emitter

@@ -1,0 +1,103 @@
+"""Keep views live while ranks run, redrawing each at most ``MAX_HZ`` times a second.
+
+Views never redraw from a probe or a channel thread: a blocking ``run.wait()``
+calls ``tick()`` from its loop on the notebook's main thread, and a run started
+with ``wait=False`` is polled from the kernel's event loop (also the main thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+MAX_HZ = 10.0
+_INTERVAL = 1.0 / MAX_HZ
+
+
+class LiveView(Protocol):
+    def refresh(self) -> None: ...
+
+
+class Throttle:
+    """Lets a call through at most once per ``interval`` seconds (unless forced)."""
+
+    def __init__(self, interval: float = _INTERVAL) -> None:
+        self.interval = interval
+        self._last = float("-inf")
+
+    def ready(self, *, force: bool = False) -> bool:
+        now = time.monotonic()
+        if force or now - self._last >= self.interval:
+            self._last = now
+            return True
+        return False
+
+
+_views: weakref.WeakSet[LiveView] = weakref.WeakSet()
+_throttle = Throttle()
+_pollers: list[Callable[[], bool]] = []
+
+
+def register(view: LiveView) -> None:
+    _views.add(view)
+
+
+def tick(*, force: bool = False) -> None:
+    """Refresh every live view, at most MAX_HZ times a second (always when forced)."""
+    if not _throttle.ready(force=force):
+        return
+    for view in list(_views):
+        try:
+            view.refresh()
+        except Exception:  # a broken view must not break the run
+            log.exception("refreshing %r failed", view)
+
+
+def keep_polling(poll: Callable[[], bool]) -> None:
+    """Call ``poll`` (and tick views) from the kernel's event loop until it returns True.
+
+    Outside a running event loop (a plain script) nothing is scheduled: the caller
+    drives the run with ``run.wait()``.
+    """
+    _pollers.append(poll)
+    if len(_pollers) == 1:
+        _schedule()
+
+
+def _schedule() -> None:
+    try:
+        loop = asyncio.get_event_loop()
+    except RuntimeError:
+        _pollers.clear()
+        return
+    if not loop.is_running():
+        # In a kernel the loop runs between cells; in a script nobody would run it.
+        from IPython import get_ipython
+
+        if get_ipython() is None or not hasattr(get_ipython(), "kernel"):
+            _pollers.clear()
+            return
+    loop.call_later(_INTERVAL, _on_timer)
+
+
+def _on_timer() -> None:
+    _pollers[:] = [p for p in _pollers if not _safe_poll(p)]
+    tick()
+    if _pollers:
+        _schedule()
+    else:
+        tick(force=True)
+
+
+def _safe_poll(poll: Callable[[], bool]) -> bool:
+    try:
+        return poll()
+    except Exception:
+        log.exception("polling a background run failed")
+        return True

@@ -1,0 +1,78 @@
+"""Self-contained HTML report of a run: every figure, plotly.js inline, works offline."""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from interactive_shard.monitor.view import figure_scalars
+
+if TYPE_CHECKING:
+    from interactive_shard.cluster.run import Run
+
+# A section builder returns (title, figures) pairs; empty when the run has nothing for it.
+Section = Callable[["Run"], list[tuple[str, list[go.Figure]]]]
+
+
+def _monitor_section(run: Run) -> list[tuple[str, list[go.Figure]]]:
+    model = run.monitor
+    model.update()
+    return [("Scalars", [figure_scalars(model)])] if model.scalars else []
+
+
+def _bucket_section(run: Run) -> list[tuple[str, list[go.Figure]]]:
+    if not run.store.of_kind("ddp_watch"):
+        return []
+    from interactive_shard.buckets.view import report_figures
+
+    figures = report_figures(run.buckets)
+    return [("DDP gradient buckets", figures)] if figures else []
+
+
+SECTIONS: list[Section] = [_monitor_section, _bucket_section]
+
+
+def _rank_table(run: Run) -> str:
+    model = run.monitor
+    rows = "".join(
+        f"<tr><td>{r}</td><td>{s.state.value}</td><td>{s.step}</td>"
+        f"<td><pre>{html.escape(chr(10).join(s.logs))}</pre></td></tr>"
+        for r, s in enumerate(model.ranks)
+    )
+    return (
+        "<table><tr><th>rank</th><th>state</th><th>step</th><th>last output</th></tr>"
+        f"{rows}</table>"
+    )
+
+
+def write_report(run: Run, path: str | os.PathLike[str]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    info = run.store.info
+    parts = [
+        f"<h1>interactive_shard run: {html.escape(info.name or 'run')}</h1>",
+        f"<p>{info.world_size} ranks · backend {html.escape(info.backend)} · devices "
+        f"{html.escape(', '.join(info.device_types))} · torch {html.escape(info.torch_version)}"
+        f" · interactive_shard {html.escape(info.package_version)} · {len(run.store)} events</p>",
+        _rank_table(run),
+    ]
+    for section in SECTIONS:
+        for title, figures in section(run):
+            parts.append(f"<h2>{html.escape(title)}</h2>")
+            parts.extend(f.to_html(full_html=False, include_plotlyjs=False) for f in figures)
+    page = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>interactive_shard · {html.escape(info.name)}</title>"
+        f"<script type='text/javascript'>{get_plotlyjs()}</script>"
+        "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:left;"
+        "vertical-align:top}pre{margin:0;font-size:11px}</style>"
+        f"</head><body>{''.join(parts)}</body></html>"
+    )
+    path.write_text(page, encoding="utf-8")
+    return path

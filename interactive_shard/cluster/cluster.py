@@ -173,7 +173,7 @@ class Cluster:
             backend=self.backend,
             device_types=self.placement.device_types,
             package_version=__version__,
-            torch_version=torch.__version__,
+            torch_version=str(torch.__version__),
             name=getattr(fn, "__qualname__", repr(fn)),
         )
         run = Run(RunStore(info), cluster=self, run_id=run_id)

@@ -114,7 +114,7 @@ class Cluster:
         self._generation_no = 0
         self._closed = False
         collector = Collector(
-            self._on_batch, host=telemetry_host, port=telemetry_port, token=telemetry_token
+            _weak(self._on_batch), host=telemetry_host, port=telemetry_port, token=telemetry_token
         )
         store = dist.TCPStore(
             "127.0.0.1", 0, None, True,
@@ -260,7 +260,11 @@ class Cluster:
             for r in range(self.nprocs)
         ]
         self._res.gen = Generation(
-            configs, self.placement.start_method, self._on_message, self._on_output, self._on_exit
+            configs,
+            self.placement.start_method,
+            _weak(self._on_message),
+            _weak(self._on_output),
+            _weak(self._on_exit),
         )
         deadline = time.monotonic() + self.timeout + 30  # spawn imports torch first
         gen = self._gen
@@ -293,7 +297,8 @@ class Cluster:
                 "run.wait() (or interrupt it) before starting another."
             )
         if RankState.FAILED in self._rank_states:
-            why = "; ".join(f"rank {r} {n}" for r, n in self._exit_notes.items()) or "failure"
+            notes = [n.splitlines()[0] for n in self._exit_notes.values()]
+            why = "; ".join(notes) or "the process group failed in the last run"
             if not self.restart_on_failure:
                 raise RuntimeError(
                     f"the cluster's ranks are down ({why}); call cluster.restart() first."
@@ -321,7 +326,7 @@ class Cluster:
             except Exception as exc:
                 run._reply(rank, "error", f"[rank {rank}] result could not be unpickled: {exc!r}")
         elif kind == "error":
-            run._reply(rank, "error", msg[2])
+            run._reply(rank, "broken" if msg[4] else "error", msg[2])
 
     def _on_output(self, rank: int, stream: str, line: str) -> None:
         self.logs[rank].append(line)
@@ -381,7 +386,7 @@ class Cluster:
 
     def _finish(self, run: Run) -> None:
         stuck = run._pending()
-        broken = bool(stuck) or "died" in run._replied.values()
+        broken = bool(stuck) or bool({"died", "broken"} & set(run._replied.values()))
         note = ""
         if broken and run._tracebacks:
             if self.restart_on_failure:
@@ -441,6 +446,18 @@ def _pickle_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> byte
             f"{exc}. Pass plain data, tensors or modules as arguments; create open files, "
             "locks or sockets inside the function."
         ) from exc
+
+
+def _weak(method: Any) -> Any:
+    """A callback that does not keep its Cluster alive (so garbage collection can stop it)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
 
 
 class _Resources:

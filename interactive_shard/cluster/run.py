@@ -46,7 +46,8 @@ class Run:
         self._cluster = cluster
         self._cond = threading.Condition()
         self._results: list[Any] = list(results) if results is not None else [None] * n
-        self._replied: dict[int, str] = {}  # rank -> "done" | "error" | "died"
+        # rank -> "done" | "error" | "broken" (its process group failed) | "died"
+        self._replied: dict[int, str] = {}
         self._tracebacks: dict[int, str] = {}
         self._streams_closed: set[int] = set()
         self._first_failure: float | None = None

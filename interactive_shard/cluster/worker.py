@@ -7,7 +7,10 @@ listening socket, so no other process can write to it):
                    ("stop",)
   rank -> kernel   ("ready", pid)
                    ("done", run_id, result)   result = pickled return value
-                   ("error", run_id, traceback_text, interrupted)
+                   ("error", run_id, traceback_text, interrupted, broken)
+
+``broken`` says the process group itself failed (a collective timed out or lost its
+peer): the ranks cannot be trusted with another collective and must restart.
 
 Events go separately over the telemetry channel; before "done"/"error" the rank
 flushes them and closes the run's stream (``final``), so the kernel knows none are
@@ -56,7 +59,7 @@ def main(cfg: WorkerConfig, conn: Connection, out_w: Connection, err_w: Connecti
     try:
         ctx = _start(cfg)
     except BaseException:
-        conn.send(("error", 0, _format_exc(cfg.rank), False))
+        conn.send(("error", 0, _format_exc(cfg.rank), False, True))
         return
     conn.send(("ready", os.getpid()))
     _serve(cfg, ctx, conn)
@@ -126,9 +129,9 @@ def _serve(cfg: WorkerConfig, ctx: Any, conn: Connection) -> None:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             reply = ("done", run_id, _dumps_result(cfg.rank, result))
         except KeyboardInterrupt:
-            reply = ("error", run_id, _format_exc(cfg.rank), True)
-        except BaseException:
-            reply = ("error", run_id, _format_exc(cfg.rank), False)
+            reply = ("error", run_id, _format_exc(cfg.rank), True, False)
+        except BaseException as exc:
+            reply = ("error", run_id, _format_exc(cfg.rank), False, _breaks_group(exc))
         sys.stdout.flush()
         sys.stderr.flush()
         emitter.flush(final=True)
@@ -145,6 +148,22 @@ def _dumps_result(rank: int, result: Any) -> bytes:
             f"be sent to the notebook ({exc}). Return plain data, tensors or numbers; keep "
             "other objects in ctx.state."
         ) from exc
+
+
+# Collective failures surface as plain RuntimeErrors from the backend's C++ code.
+_BROKEN_GROUP_SIGNS = ("Timed out", "timed out", "Connection closed by peer", "gloo/", "NCCL")
+
+
+def _breaks_group(exc: BaseException | None) -> bool:
+    import torch.distributed as dist
+
+    while exc is not None:
+        if isinstance(exc, getattr(dist, "DistError", ())) or any(
+            sign in str(exc) for sign in _BROKEN_GROUP_SIGNS
+        ):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _format_exc(rank: int) -> str:

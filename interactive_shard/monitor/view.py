@@ -120,8 +120,10 @@ class MonitorView:
         self._logs = [widgets.HTML(layout={"width": "100%"}) for _ in range(n)]
         rows = [widgets.HBox([self._labels[r], self._bars[r], self._logs[r]]) for r in range(n)]
         self._fig = go.FigureWidget(figure_scalars(model) if model else go.Figure())
-        self._fig.layout.visible = bool(self._fig.data)
-        self._widget = widgets.VBox([self._title, *rows, self._fig])
+        # Shown only once there is a scalar to plot (an empty plot just takes space).
+        self._fig_box = widgets.Box([self._fig])
+        self._fig_box.layout.display = "" if self._fig.data else "none"
+        self._widget = widgets.VBox([self._title, *rows, self._fig_box])
         self.refresh()
 
     def refresh(self) -> None:
@@ -163,7 +165,8 @@ class MonitorView:
             else:
                 self._fig.data = ()
                 self._fig.add_traces(list(fig.data))
-            self._fig.layout.visible = bool(fig.data)
+            self._fig.layout.title = fig.layout.title
+        self._fig_box.layout.display = "" if fig.data else "none"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)

@@ -1,0 +1,257 @@
+"""Real 2-rank gloo clusters on CPU: runs, state, errors, deaths, cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+import interactive_shard as ish
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ish.Cluster]:
+    with ish.Cluster(nprocs=2, timeout=20, echo=False) as c:
+        yield c
+
+
+def all_reduce_rank(ctx, scale: float = 1.0):
+    t = torch.tensor([float(ctx.rank + 1)]) * scale
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_run_returns_each_ranks_value(cluster: ish.Cluster) -> None:
+    run = cluster.run(all_reduce_rank, scale=2.0)
+    assert run.results == [6.0, 6.0]
+    assert run.done and run.error is None
+
+
+def test_state_persists_across_runs(cluster: ish.Cluster) -> None:
+    def build(ctx):
+        ctx.state["model"] = torch.nn.Linear(2, 2)
+        return ctx.world_size
+
+    def step(ctx):
+        return ctx.state["model"].weight.shape[0] + ctx.rank
+
+    assert cluster.run(build).results == [2, 2]
+    assert cluster.run(step).results == [2, 3]
+
+
+def test_ctx_identity(cluster: ish.Cluster) -> None:
+    results = cluster.run(lambda ctx: (ctx.rank, ctx.world_size, str(ctx.device), ctx.backend))
+    assert results.results == [(0, 2, "cpu", "gloo"), (1, 2, "cpu", "gloo")]
+
+
+def test_output_is_kept_per_rank(cluster: ish.Cluster) -> None:
+    def talk(ctx):
+        print(f"out {ctx.rank}")
+        print(f"err {ctx.rank}", file=sys.stderr)
+        os.write(1, f"raw {ctx.rank}\n".encode())  # C-level writes are captured too
+
+    run = cluster.run(talk)
+    for rank in range(2):
+        assert {f"out {rank}", f"err {rank}", f"raw {rank}"} <= set(run.logs(rank))
+    streams = {e.payload["stream"] for e in run.store.of_kind("log") if e.rank == 1}
+    assert streams == {"stdout", "stderr"}
+
+
+def test_events_and_scalars_reach_the_store(cluster: ish.Cluster) -> None:
+    def train(ctx):
+        for step in ctx.steps(20):
+            ctx.emit("scalar", name="loss", value=1.0 / step)
+
+    run = cluster.run(train)
+    assert run.monitor.scalars["loss"][1].steps == list(range(1, 21))
+    assert [(r.step, r.total) for r in run.monitor.ranks] == [(20, 20), (20, 20)]
+    assert [r.state.value for r in run.monitor.ranks] == ["finished", "finished"]
+
+
+def test_wait_false_returns_at_once(cluster: ish.Cluster) -> None:
+    start = time.monotonic()
+    run = cluster.run(lambda ctx: time.sleep(0.5) or ctx.rank, wait=False)
+    assert time.monotonic() - start < 0.4
+    with pytest.raises(RuntimeError, match="still in progress"):
+        cluster.run(lambda ctx: None)
+    assert run.wait().results == [0, 1]
+
+
+def test_rank_error_is_fast_and_the_cluster_recovers(cluster: ish.Cluster) -> None:
+    def fail_on_one(ctx):
+        if ctx.rank == 1:
+            raise ValueError("bad batch on rank 1")
+        dist.all_reduce(torch.ones(1))  # rank 0 is now stuck waiting for rank 1
+
+    start = time.monotonic()
+    with pytest.raises(ish.RankError) as info:
+        cluster.run(fail_on_one)
+    assert time.monotonic() - start < 5
+    assert info.value.ranks == [1]
+    assert "ValueError: bad batch on rank 1" in info.value.tracebacks[1]
+    assert 'raise ValueError("bad batch on rank 1")' in info.value.tracebacks[1]  # source shown
+    assert "restarted" in str(info.value)
+    assert cluster.run(all_reduce_rank).results == [3.0, 3.0]
+
+
+def test_error_on_every_rank_keeps_state(cluster: ish.Cluster) -> None:
+    cluster.run(lambda ctx: ctx.state.update(kept=True))
+    with pytest.raises(ish.RankError) as info:
+        cluster.run(lambda ctx: 1 / 0)
+    assert info.value.ranks == [0, 1]
+    assert cluster.run(lambda ctx: ctx.state.get("kept")).results == [True, True]
+
+
+def test_kill_9_during_a_run(cluster: ish.Cluster) -> None:
+    def pid_then_sleep(ctx):
+        print(f"pid {os.getpid()}", flush=True)
+        time.sleep(30)
+
+    run = cluster.run(pid_then_sleep, wait=False)
+    deadline = time.monotonic() + 5
+    while not run.logs(1):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    pid = int(run.logs(1)[0].split()[1])
+    start = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ish.RankError, match=r"rank 1 was killed by SIGKILL") as info:
+        run.wait()
+    assert time.monotonic() - start < 5
+    assert 1 in info.value.ranks
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    assert cluster.run(all_reduce_rank).results == [3.0, 3.0]
+
+
+def test_kill_9_while_idle_restarts_on_next_run(cluster: ish.Cluster) -> None:
+    pid = cluster.run(lambda ctx: os.getpid()).results[0]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.3)
+    assert cluster.rank_states[0].value == "failed"
+    with pytest.warns(RuntimeWarning, match="rank 0 was killed by SIGKILL"):
+        assert cluster.run(all_reduce_rank).results == [3.0, 3.0]
+
+
+def test_stuck_collective_is_bounded_by_timeout() -> None:
+    def only_rank0_reduces(ctx):
+        if ctx.rank == 0:
+            dist.all_reduce(torch.ones(1))
+
+    with ish.Cluster(2, timeout=3, echo=False, restart_on_failure=False) as c:
+        start = time.monotonic()
+        with pytest.raises(ish.RankError) as info:
+            c.run(only_rank0_reduces)
+        assert time.monotonic() - start < 10
+        assert info.value.ranks == [0]
+        with pytest.raises(RuntimeError, match=r"call cluster.restart\(\)"):
+            c.run(lambda ctx: None)
+        c.restart()
+        assert c.run(lambda ctx: ctx.rank).results == [0, 1]
+
+
+def test_interrupt_stops_the_ranks_within_5s(cluster: ish.Cluster) -> None:
+    def busy(ctx):
+        while True:
+            time.sleep(0.01)
+
+    timer = threading.Timer(0.5, lambda: signal.raise_signal(signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.run(busy)
+    assert time.monotonic() - start < 5
+    assert cluster.run(lambda ctx: ctx.rank).results == [0, 1]
+
+
+def test_spawn_runs_functions_defined_here() -> None:
+    factor = 10
+
+    def scaled(ctx):
+        return ctx.rank * factor
+
+    run = ish.launch(scaled, nprocs=2, start_method="spawn", echo=False)
+    assert run.results == [0, 10]
+
+
+def test_unpicklable_argument_is_a_clear_error(cluster: ish.Cluster) -> None:
+    with pytest.raises(TypeError, match="cannot send"):
+        cluster.run(lambda ctx, lock: None, threading.Lock())
+
+
+def test_closed_cluster_refuses_runs() -> None:
+    c = ish.Cluster(2, echo=False)
+    c.close()
+    c.close()  # twice is fine
+    with pytest.raises(ish.ClusterClosedError):
+        c.run(lambda ctx: None)
+
+
+def test_garbage_collection_stops_ranks() -> None:
+    c = ish.Cluster(2, echo=False)
+    pids = c.run(lambda ctx: os.getpid()).results
+    del c
+    import gc
+
+    gc.collect()
+    time.sleep(0.5)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+def test_no_orphans_after_20_launch_fail_cycles() -> None:
+    def fail(ctx):
+        raise RuntimeError(f"cycle failure on {ctx.rank}")
+
+    for _ in range(20):
+        with pytest.raises(ish.RankError):
+            ish.launch(fail, nprocs=2, echo=False)
+    # the autouse no_orphans fixture checks every child process is gone
+
+
+def test_kernel_killed_with_sigkill_leaves_no_ranks(tmp_path: Path) -> None:
+    script = tmp_path / "kernel.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, time, interactive_shard as ish
+            c = ish.Cluster(2, echo=False)
+            print(*c.run(lambda ctx: os.getpid()).results, flush=True)
+            time.sleep(60)
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 3
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
+        assert time.monotonic() < deadline, f"ranks {pids} outlived their kernel"
+        time.sleep(0.05)
+
+
+def test_save_and_load_a_real_run(cluster: ish.Cluster, tmp_path: Path) -> None:
+    def train(ctx):
+        for step in ctx.steps(5):
+            ctx.emit("scalar", name="loss", value=float(step))
+        return {"rank": ctx.rank}
+
+    run = cluster.run(train)
+    loaded = ish.load(run.save(tmp_path / "run.jsonl"))
+    assert loaded.store.events() == run.store.events()
+    assert loaded.results == [{"rank": 0}, {"rank": 1}]
+    assert loaded.monitor.scalars["loss"][1].values == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert loaded.store.info.backend == "gloo" and loaded.store.info.device_types == ["cpu"]
+    html = loaded.to_html(tmp_path / "r.html").read_text()
+    assert "loss" in html

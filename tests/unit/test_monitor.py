@@ -1,0 +1,86 @@
+"""RunMonitor model and view, driven from Python (no kernel, no browser)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from interactive_shard.cluster.run import Run
+from interactive_shard.monitor.model import MonitorModel, RankState
+from interactive_shard.monitor.view import MonitorView, figure_scalars
+from interactive_shard.telemetry import Event, RunInfo, RunStore
+from interactive_shard.ui.live import Throttle
+
+
+def _store() -> RunStore:
+    return RunStore(RunInfo(world_size=2, backend="gloo", device_types=["cpu"], name="train"))
+
+
+def _feed(store: RunStore, steps: int) -> None:
+    for rank in range(2):
+        store.append(Event("state", rank, 0, 0.0, {"state": "running", "detail": ""}))
+        for step in range(1, steps + 1):
+            store.append(Event("progress", rank, step, 0.0, {"total": 10}))
+            store.append(Event("scalar", rank, step, 0.0, {"name": "loss", "value": 1 / step}))
+        store.append(Event("log", rank, 0, 0.0, {"stream": "stdout", "text": f"hi {rank}"}))
+
+
+def test_model_tracks_state_progress_logs_and_scalars() -> None:
+    store = _store()
+    _feed(store, 4)
+    model = MonitorModel(store)
+    assert model.update()
+    assert not model.update()  # nothing new
+    assert [r.state for r in model.ranks] == [RankState.RUNNING] * 2
+    assert [(r.step, r.total) for r in model.ranks] == [(4, 10), (4, 10)]
+    assert list(model.ranks[1].logs) == ["hi 1"]
+    assert model.scalars["loss"][0].values == [1.0, 0.5, 1 / 3, 0.25]
+    store.append(Event("state", 0, 0, 0.0, {"state": "failed", "detail": "ValueError: x"}))
+    model.update()
+    assert model.ranks[0].state is RankState.FAILED
+    assert model.ranks[0].detail == "ValueError: x"
+
+
+def test_figure_has_one_line_per_scalar_and_rank() -> None:
+    store = _store()
+    _feed(store, 3)
+    model = MonitorModel(store)
+    model.update()
+    fig = figure_scalars(model).to_dict()
+    assert [t["name"] for t in fig["data"]] == ["loss · rank 0", "loss · rank 1"]
+    assert list(fig["data"][0]["x"]) == [1, 2, 3]
+
+
+def test_view_widget_state_follows_the_store() -> None:
+    store = _store()
+    run = Run(store)  # a loaded-style run: no cluster
+    view = MonitorView(run)
+    widget = view.widget
+    assert "rank 0" in view._labels[0].value
+    assert view._fig_box.layout.display == "none"  # nothing to plot yet
+    _feed(store, 5)
+    view.refresh()
+    assert "running" in view._labels[0].value and "step 5" in view._labels[0].value
+    assert (view._bars[1].value, view._bars[1].max) == (5, 10)
+    assert "hi 1" in view._logs[1].value
+    assert len(view._fig.data) == 2 and list(view._fig.data[0].y)[-1] == 0.2
+    assert view._fig_box.layout.display == ""
+    _feed(store, 6)  # same traces: updated in place
+    view.refresh()
+    assert len(view._fig.data) == 2 and len(view._fig.data[0].x) == 11
+    assert widget.children[0] is view._title
+
+
+def test_throttle_limits_rate() -> None:
+    throttle = Throttle(interval=10.0)
+    assert throttle.ready()
+    assert not throttle.ready()
+    assert throttle.ready(force=True)
+
+
+def test_report_is_self_contained(tmp_path: Path) -> None:
+    store = _store()
+    _feed(store, 3)
+    path = Run(store).to_html(tmp_path / "r.html")
+    text = path.read_text()
+    assert "Plotly" in text and "loss \\u00b7 rank 0" in text
+    assert "<script src=" not in text  # nothing fetched from the network

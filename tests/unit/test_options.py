@@ -1,0 +1,58 @@
+"""The "auto" rules for backend, device, start method and threads."""
+
+from __future__ import annotations
+
+import pytest
+
+from interactive_shard.cluster.options import resolve
+
+
+def _resolve(nprocs=2, backend="auto", device="auto", start="auto", threads=None, **kw):
+    kw.setdefault("cuda_count", 0)
+    kw.setdefault("cuda_initialized", False)
+    kw.setdefault("cpu_count", 2)
+    kw.setdefault("platform", "linux")
+    return resolve(nprocs, backend, device, start, threads, **kw)
+
+
+def test_cpu_machine_gets_gloo_fork_and_one_thread_per_rank() -> None:
+    p = _resolve()
+    assert (p.backend, p.devices, p.start_method, p.threads) == ("gloo", ("cpu", "cpu"), "fork", 1)
+
+
+def test_enough_gpus_gets_nccl_one_gpu_per_rank() -> None:
+    p = _resolve(cuda_count=4)
+    assert p.backend == "nccl" and p.devices == ("cuda:0", "cuda:1")
+
+
+def test_ranks_sharing_one_gpu_use_gloo() -> None:
+    p = _resolve(nprocs=3, cuda_count=1)
+    assert p.backend == "gloo" and p.devices == ("cuda:0",) * 3
+
+
+def test_cuda_initialised_means_spawn() -> None:
+    assert _resolve(cuda_count=1, cuda_initialized=True).start_method == "spawn"
+    assert _resolve(platform="darwin").start_method == "spawn"
+
+
+def test_forced_fork_after_cuda_init_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="start_method='spawn'"):
+        _resolve(start="fork", cuda_count=1, cuda_initialized=True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"nprocs": 0}, "nprocs must be a positive int, got 0"),
+        ({"backend": "mpi"}, "backend='mpi'"),
+        ({"backend": "nccl"}, "needs CUDA devices"),
+        ({"backend": "nccl", "cuda_count": 1}, "only 1 GPU"),
+        ({"device": "cuda"}, "no CUDA device"),
+        ({"device": "tpu"}, "device='tpu'"),
+        ({"start": "thread"}, "start_method='thread'"),
+        ({"threads": 0}, "threads must be a positive int"),
+    ],
+)
+def test_bad_settings_name_the_value(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _resolve(**kwargs)

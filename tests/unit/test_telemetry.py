@@ -1,0 +1,89 @@
+"""Schema, channel and store: round trips, validation, rejection of bad messages."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+import torch
+import zmq
+
+from interactive_shard.telemetry import Collector, Emitter, Event, PayloadError, RunInfo, RunStore
+from interactive_shard.telemetry.schema import SCHEMA_VERSION, Batch, decode_batch, encode_batch
+
+
+def test_batch_round_trip_keeps_plain_payloads() -> None:
+    events = [Event("scalar", 1, 3, 1.5, {"name": "loss", "value": 0.25, "tags": [1, "a"]})]
+    batch = Batch(SCHEMA_VERSION, "tok", 7, 1, events, final=True)
+    assert decode_batch(encode_batch(batch)) == batch
+
+
+@pytest.mark.parametrize("bad", [b"", b"\x93\x01", b"not msgpack at all", b"\x95\x01\x02"])
+def test_malformed_messages_fail_validation(bad: bytes) -> None:
+    with pytest.raises((msgspec.ValidationError, msgspec.DecodeError)):
+        decode_batch(bad)
+
+
+def test_payload_check_names_the_bad_value() -> None:
+    emitter_like = Emitter.__new__(Emitter)  # check_payload runs before any socket use
+    with pytest.raises(PayloadError, match=r"'grad'.*torch\.Tensor.*\.item\(\)"):
+        Emitter.emit(emitter_like, "probe", {"ok": 1, "grad": [torch.ones(1)]})
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_emitter_to_collector_delivers_everything_in_order() -> None:
+    received: list[Batch] = []
+    collector = Collector(received.append)
+    emitter = Emitter(collector.address, collector.token, rank=1)
+    try:
+        for i in range(5000):
+            emitter.emit("scalar", {"name": "x", "value": i}, step=i)
+        emitter.flush(final=True)
+        _wait_for(lambda: any(b.final for b in received))
+        values = [e.payload["value"] for b in received for e in b.events]
+        assert values == list(range(5000))
+        assert all(b.rank == 1 for b in received)
+    finally:
+        emitter.close()
+        collector.close()
+
+
+def test_collector_drops_wrong_token_and_garbage() -> None:
+    received: list[Batch] = []
+    collector = Collector(received.append)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(collector.address)
+    try:
+        sock.send(b"garbage")
+        sock.send(encode_batch(Batch(SCHEMA_VERSION, "wrong", 1, 0, [])))
+        sock.send(encode_batch(Batch(SCHEMA_VERSION + 1, collector.token, 1, 0, [])))
+        sock.send(encode_batch(Batch(SCHEMA_VERSION, collector.token, 1, 0, [], final=True)))
+        _wait_for(lambda: len(received) == 1)
+        assert collector.rejected == 3
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+        collector.close()
+
+
+def test_collector_beyond_loopback_needs_a_token() -> None:
+    with pytest.raises(ValueError, match="needs a token"):
+        Collector(lambda b: None, host="0.0.0.0")
+
+
+def test_store_is_append_only_with_cursor() -> None:
+    store = RunStore(RunInfo(world_size=2, backend="gloo", device_types=["cpu"]))
+    store.append(Event("a", 0, 0, 0.0, {}))
+    cursor = store.version
+    store.extend([Event("b", 1, 0, 0.0, {}), Event("a", 1, 1, 0.0, {})])
+    assert [e.kind for e in store.events(cursor)] == ["b", "a"]
+    assert len(store.of_kind("a")) == 2
+    assert store.version == 3

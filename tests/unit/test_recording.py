@@ -61,7 +61,7 @@ def test_newer_schema_is_refused_clearly(tmp_path: Path) -> None:
     header = json.loads(lines[0])
     header["schema_version"] = 99
     path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
-    with pytest.raises(ish.RecordingError, match="schema version 99.*Upgrade"):
+    with pytest.raises(ish.RecordingError, match=r"schema version 99.*Upgrade"):
         ish.load(path)
 
 

@@ -1,0 +1,185 @@
+"""Bucket size limits and greedy assignment: a pure-Python twin of DDP's.
+
+``BucketCaps`` turns DDP's ``bucket_cap_mb`` / ``bucket_cap_mb_list`` into byte limits as
+``torch.nn.parallel.distributed._BucketCapacityConfig`` does (torch 2.13).
+
+``assign_by_size`` reproduces ``torch.distributed._compute_bucket_assignment_by_size``
+(``compute_bucket_assignment_by_size`` in ``torch/csrc/distributed/c10d/reducer.cpp``)
+step for step; ``tests/unit/test_bucket_plan.py`` checks the two against each other.
+See Note [DDP buckets] in ``plan.py`` for where DDP calls it and with which limits.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+# ``std::numeric_limits<size_t>`` would be larger, but DDP passes ``sys.maxsize``.
+NO_LIMIT = sys.maxsize
+# The reducer gives a bucket of one sparse gradient the limit 0 (``kNoSizeLimit``).
+SPARSE_LIMIT = 0
+
+MIB = 1024 * 1024
+DEFAULT_BUCKET_CAP_MB = 25
+# Present since torch 1.x; guarded because it is private.
+DEFAULT_FIRST_BUCKET_BYTES: int = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", MIB)
+
+Key = tuple[torch.dtype, torch.device]
+
+
+class Item(NamedTuple):
+    """One tensor as the assignment sees it (a plain 4-tuple works as well)."""
+
+    index: int  # reducer index (registration order)
+    key: Key  # (dtype, device): tensors of different keys never share a bucket
+    nbytes: int
+    sparse: bool = False
+
+
+def assign_by_size(
+    items: Sequence[Item], limits: Sequence[int], *, gradient_ready_order: bool
+) -> list[tuple[list[int], int]]:
+    """Return ``[(indices, limit), ...]`` exactly as torch's assignment would.
+
+    Algorithm (numbered as in the C++):
+
+    1. Walk ``items`` in the order given. A tensor that expects a sparse gradient gets a
+       bucket of its own (limit 0).
+    2. Every other tensor joins the open bucket of its ``(dtype, device)`` key. Once the
+       bucket's byte count reaches the key's current limit (``>=``), the bucket closes:
+       the tensor that crosses the limit is inside it. Each key then advances to the
+       next limit in ``limits``; the last limit repeats.
+    3. Buckets still open at the end are appended, one per key, in the iteration order
+       of the reducer's ``std::unordered_map`` (see ``_open_bucket_order``).
+    4. Without ``gradient_ready_order`` (the DDP constructor's call) the buckets are
+       sorted by the smallest index they hold. With it (the rebuild) they stay as built.
+    """
+    if not items:
+        raise ValueError("assign_by_size needs at least one tensor")
+    if not limits:
+        raise ValueError("assign_by_size needs at least one size limit")
+    result: list[tuple[list[int], int]] = []
+    open_indices: dict[Key, list[int]] = {}  # insertion order == first appearance
+    open_bytes: dict[Key, int] = {}
+    limit_pos: dict[Key, int] = {}
+    last = len(limits) - 1
+    for index, key, nbytes, sparse in items:  # step 1
+        if sparse:
+            result.append(([index], SPARSE_LIMIT))
+            continue
+        indices = open_indices.get(key)  # step 2
+        if indices is None:
+            indices = open_indices[key] = []
+            open_bytes[key] = 0
+            limit_pos[key] = 0
+        indices.append(index)
+        size = open_bytes[key] = open_bytes[key] + nbytes
+        limit = limits[limit_pos[key]]
+        if size >= limit:
+            result.append((indices, limit))
+            open_indices[key] = []
+            open_bytes[key] = 0
+            limit_pos[key] = min(limit_pos[key] + 1, last)
+    for key in _open_bucket_order(tuple(open_indices)):  # step 3
+        if open_indices[key]:
+            result.append((open_indices[key], limits[limit_pos[key]]))
+    if not gradient_ready_order:  # step 4
+        result.sort(key=lambda bucket: min(bucket[0]))
+    return result
+
+
+@functools.lru_cache(maxsize=256)
+def _open_bucket_order(keys: tuple[Key, ...]) -> tuple[Key, ...]:
+    """Order in which the reducer's hash map yields ``keys`` (given in insertion order).
+
+    The map is a ``std::unordered_map`` keyed by ``(dtype, device)``: its order depends
+    on the hash values and the C++ standard library. With libstdc++ and up to about five
+    keys it is the reverse of insertion order; beyond that it varies. To be exact we ask
+    torch itself, with one empty tensor per key; where that is impossible (no such
+    private function, or a device that cannot be allocated here) we assume the reverse.
+    """
+    if len(keys) <= 1:
+        return keys
+    fallback = tuple(reversed(keys))
+    compute = getattr(torch.distributed, "_compute_bucket_assignment_by_size", None)
+    if compute is None:
+        return fallback
+    try:
+        probes = [torch.empty(0, dtype=dtype, device=device) for dtype, device in keys]
+        buckets, _ = compute(probes, [NO_LIMIT], [False] * len(keys), list(range(len(keys))))
+    except (RuntimeError, TypeError, ValueError, AssertionError):
+        return fallback
+    order = tuple(keys[bucket[0]] for bucket in buckets)
+    return order if sorted(map(_sort_key, order)) == sorted(map(_sort_key, keys)) else fallback
+
+
+def _sort_key(key: Key) -> Hashable:
+    return (str(key[0]), str(key[1]))
+
+
+@dataclass(frozen=True)
+class BucketCaps:
+    """Size limits in bytes, derived from DDP's arguments as ``_BucketCapacityConfig``."""
+
+    bucket_cap_bytes: int
+    first_bucket_cap_bytes: int  # first bucket of a rebuild (1 MiB by default)
+    bucket_cap_bytes_list: tuple[int, ...] = ()  # per bucket; the last one repeats
+
+    def __post_init__(self) -> None:
+        values = (self.bucket_cap_bytes, self.first_bucket_cap_bytes, *self.bucket_cap_bytes_list)
+        if not all(isinstance(v, int) and v >= 0 for v in values):
+            raise ValueError(f"bucket caps must be byte counts >= 0, got {self!r}")
+        object.__setattr__(self, "bucket_cap_bytes_list", tuple(self.bucket_cap_bytes_list))
+
+    @classmethod
+    def from_mb(cls, bucket_cap_mb: float | None, bucket_cap_mb_list: Any) -> BucketCaps:
+        if bucket_cap_mb is not None and bucket_cap_mb_list is not None:
+            raise ValueError(
+                f"got bucket_cap_mb={bucket_cap_mb!r} and bucket_cap_mb_list="
+                f"{bucket_cap_mb_list!r}; DDP ignores bucket_cap_mb when a list is given: "
+                "pass only one of them"
+            )
+        if bucket_cap_mb_list is not None:
+            listed = isinstance(bucket_cap_mb_list, Iterable) and not isinstance(
+                bucket_cap_mb_list, (str, bytes)
+            )
+            caps = list(bucket_cap_mb_list) if listed else []
+            if not caps:
+                raise ValueError(
+                    f"bucket_cap_mb_list={bucket_cap_mb_list!r}: give a non-empty list of MiB, "
+                    "e.g. [1, 25], or None for one cap"
+                )
+            for cap in caps:
+                _check_mb("bucket_cap_mb_list entry", cap)
+            top = int(max(caps) * MIB)
+            return cls(top, top, tuple(int(cap * MIB) for cap in caps))
+        if bucket_cap_mb is None:
+            return cls(DEFAULT_BUCKET_CAP_MB * MIB, DEFAULT_FIRST_BUCKET_BYTES)
+        _check_mb("bucket_cap_mb", bucket_cap_mb)
+        return cls(int(bucket_cap_mb * MIB), int(bucket_cap_mb * MIB))
+
+    def first_iteration_limits(self, *, find_unused: bool, static_graph: bool) -> list[int]:
+        if self.bucket_cap_bytes_list:
+            return list(self.bucket_cap_bytes_list)
+        if static_graph or not find_unused:
+            return [NO_LIMIT]
+        if self.first_bucket_cap_bytes < self.bucket_cap_bytes:
+            return [self.first_bucket_cap_bytes, self.bucket_cap_bytes]
+        return [self.bucket_cap_bytes]
+
+    def rebuild_limits(self) -> list[int]:
+        if self.bucket_cap_bytes_list:
+            return list(self.bucket_cap_bytes_list)
+        return [self.first_bucket_cap_bytes, self.bucket_cap_bytes]
+
+
+def _check_mb(what: str, value: object) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0:  # type: ignore[arg-type]
+        raise ValueError(f"{what}={value!r}: give a size in MiB >= 0, e.g. 25 or 0.5")

@@ -1,0 +1,238 @@
+"""Inputs of the bucket planner: which parameters DDP reduces, and their ready order.
+
+``collect_params`` lists the parameters exactly as DDP's ``_build_params_for_reducer``
+does (its list index is the reducer's parameter index); ``observe_ready_order`` runs one
+local forward and backward on a copy of the model to see when each gradient is ready.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+import operator
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+
+class ReadyOrderSource(Enum):
+    """Where the gradient-ready order used for the rebuild came from."""
+
+    GIVEN = "ready_order"  # the caller passed it
+    OBSERVED = "example_inputs"  # one local forward + backward on a copy
+    ASSUMED = "reverse registration"  # no information: DDP's own initial guess
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A parameter described without memory: plan a model too large to allocate.
+
+    ``dtype`` is a ``torch.dtype`` or its name (``"bfloat16"`` or ``"torch.bfloat16"``).
+    ``sparse_grad`` marks a parameter that produces sparse gradients (an
+    ``nn.Embedding(sparse=True)`` weight): DDP gives it a bucket of its own.
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype | str = torch.float32
+    device: torch.device | str = "cpu"
+    sparse_grad: bool = False
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.shape)
+        if not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"ParamSpec.shape must be non-negative ints, got {self.shape!r}")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", _as_dtype(self.dtype))
+        object.__setattr__(self, "device", torch.device(self.device))
+
+
+class ParamInfo(NamedTuple):
+    """What the planner needs to know about one parameter (plain data; a tuple for speed)."""
+
+    fqn: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    numel: int
+    nbytes: int
+    sparse_grad: bool = False
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}: use a torch.dtype such as torch.float32")
+    return resolved
+
+
+def _spec_info(fqn: str, spec: ParamSpec) -> ParamInfo:
+    numel = functools.reduce(operator.mul, spec.shape, 1)
+    dtype, device = spec.dtype, spec.device
+    assert isinstance(dtype, torch.dtype) and isinstance(device, torch.device)
+    return ParamInfo(
+        fqn, spec.shape, dtype, device, numel, numel * dtype.itemsize, spec.sparse_grad
+    )
+
+
+def _tensor_info(fqn: str, t: torch.Tensor, sparse_grad: bool = False) -> ParamInfo:
+    if t.is_sparse:
+        raise ValueError(f"parameter {fqn!r} is a sparse tensor: DDP does not support those")
+    numel = t.numel()
+    return ParamInfo(
+        fqn, tuple(t.shape), t.dtype, t.device, numel, numel * t.element_size(), sparse_grad
+    )
+
+
+def collect_params(source: nn.Module | Iterable[tuple[str, Any]]) -> list[ParamInfo]:
+    """Parameters in the reducer's order, shared ones once, frozen ones left out."""
+    if isinstance(source, nn.Module):
+        return [_tensor_info(fqn, p, sparse) for fqn, p, sparse in _module_params(source)]
+    infos: list[ParamInfo] = []
+    seen_tensors: dict[int, str] = {}
+    for pair in source:
+        if not (type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+                raise TypeError(f"expected (fqn, tensor) pairs, got {pair!r:.80}")
+        fqn, value = pair
+        if isinstance(value, torch.Tensor):
+            if id(value) in seen_tensors:
+                raise ValueError(
+                    f"{fqn!r} and {seen_tensors[id(value)]!r} are the same tensor; DDP reduces "
+                    "a shared parameter once: pass it once (as named_parameters() does)"
+                )
+            seen_tensors[id(value)] = fqn
+            if not value.requires_grad and isinstance(value, nn.Parameter):
+                continue  # frozen: DDP leaves it out
+            infos.append(_tensor_info(fqn, value))
+        elif isinstance(value, ParamSpec):
+            infos.append(_spec_info(fqn, value))
+        else:
+            raise TypeError(f"{fqn!r}: expected a Tensor or ParamSpec, got {type(value)!r}")
+    if len({p.fqn for p in infos}) != len(infos):
+        twice = [fqn for fqn, n in Counter(p.fqn for p in infos).items() if n > 1]
+        raise ValueError(f"fqns given twice: {twice}; name each parameter once")
+    return infos
+
+
+def _module_params(module: nn.Module) -> list[tuple[str, nn.Parameter, bool]]:
+    """Mirror of ``DistributedDataParallel._build_params_for_reducer``."""
+    ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+    out: list[tuple[str, nn.Parameter, bool]] = []
+    seen: set[int] = set()
+    for module_name, sub in module.named_modules():
+        sparse = isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and bool(sub.sparse)
+        for name, p in sub.named_parameters(recurse=False):
+            # DDP's key for the ignore list: a root parameter is ".name".
+            if not p.requires_grad or f"{module_name}.{name}" in ignored or id(p) in seen:
+                continue
+            if isinstance(p, nn.parameter.UninitializedParameter):
+                raise ValueError(
+                    f"parameter {module_name}.{name} is uninitialized (a lazy module): run one "
+                    "forward pass before planning, as DDP requires"
+                )
+            seen.add(id(p))
+            out.append((f"{module_name}.{name}" if module_name else name, p, sparse))
+    return out
+
+
+def observe_ready_order(model: nn.Module, example_inputs: tuple[Any, ...]) -> list[str]:
+    """Run forward + backward once on a deep copy; return fqns in gradient-ready order.
+
+    A parameter is placed where its *last* gradient hook fired (one used in several
+    reentrant backwards fires several times; with ``static_graph`` DDP counts it ready at
+    the last one). Parameters whose hook never fired are left out. The caller's model
+    and its CPU/CUDA RNG state are untouched.
+    """
+    replica = copy.deepcopy(model)
+    params = {fqn: p for fqn, p, _ in _module_params(replica)}
+    last: dict[str, int] = {}
+    tick = itertools.count()
+
+    def mark(fqn: str) -> None:
+        last[fqn] = next(tick)
+
+    handles = []
+    for fqn, p in params.items():
+        if hasattr(p, "register_post_accumulate_grad_hook"):
+            handles.append(p.register_post_accumulate_grad_hook(lambda _p, f=fqn: mark(f)))
+        else:  # torch < 2.1: a gradient hook fires just before accumulation
+            handles.append(p.register_hook(lambda g, f=fqn: (mark(f), g)[1]))
+    cuda = sorted({p.device.index or 0 for p in params.values() if p.device.type == "cuda"})
+    try:
+        with torch.random.fork_rng(devices=cuda), torch.enable_grad():
+            out = replica(*example_inputs)
+            leaves, _ = tree_flatten(out)
+            parts = [t.sum() for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not parts:
+                raise ValueError(
+                    "example_inputs: the model's output holds no tensor that requires grad, "
+                    "so no gradient would become ready; check the inputs or pass ready_order"
+                )
+            functools.reduce(operator.add, parts).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [fqn for fqn, _ in sorted(last.items(), key=operator.itemgetter(1))]
+
+
+def resolve_ready_order(
+    source: object,
+    params: list[ParamInfo],
+    ready_order: list[str] | None,
+    example_inputs: tuple[Any, ...] | None,
+    rebuilds: bool,
+    static_graph: bool,
+) -> tuple[list[str], ReadyOrderSource, list[str]]:
+    fqns = [p.fqn for p in params]
+    if ready_order is not None and example_inputs is not None:
+        raise ValueError("pass ready_order or example_inputs, not both")
+    if ready_order is not None:
+        if isinstance(ready_order, str) or not all(isinstance(f, str) for f in ready_order):
+            raise TypeError(f"ready_order must be a list of fqn strings, got {ready_order!r:.80}")
+        given = list(ready_order)
+        known, listed = set(fqns), set(given)
+        problems = {
+            "unknown": [f for f in dict.fromkeys(given) if f not in known],
+            "duplicated": [f for f, n in Counter(given).items() if n > 1],
+            "missing": [f for f in fqns if f not in listed],
+        }
+        if any(problems.values()):
+            detail = "; ".join(f"{k}: {_short(v)}" for k, v in problems.items() if v)
+            raise ValueError(
+                f"ready_order must list every trainable parameter exactly once ({detail}); "
+                "planned parameters are: " + _short(fqns)
+            )
+        return given, ReadyOrderSource.GIVEN, []
+    if example_inputs is None:
+        return fqns[::-1], ReadyOrderSource.ASSUMED, []
+    if not isinstance(source, nn.Module):
+        raise TypeError("example_inputs needs an nn.Module to run, not a list of parameters")
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(
+            "example_inputs must be a tuple of positional inputs, e.g. (x,); "
+            f"got {type(example_inputs)!r}"
+        )
+    seen = observe_ready_order(source, example_inputs)
+    fired = set(seen)
+    unused = [f for f in fqns if f not in fired]
+    if unused and rebuilds and not static_graph:
+        raise ValueError(
+            f"parameters got no gradient with these example_inputs: {_short(unused)}. "
+            "DDP with find_unused_parameters=False fails on such a model at iteration 2; "
+            "pass find_unused_parameters=True or static_graph=True (as you would to DDP)"
+        )
+    return seen + unused, ReadyOrderSource.OBSERVED, unused
+
+
+def _short(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return f"[{shown}{f', ... ({len(names) - limit} more)' if len(names) > limit else ''}]"

@@ -1,0 +1,245 @@
+"""The bucket planner against real DDP: 2 gloo ranks on CPU, buckets seen by a comm hook.
+
+One ``ish.launch`` runs every case (3 iterations each) and returns what the hook saw:
+per iteration, per bucket, the fqns of ``bucket.parameters()`` in order and the buffer
+size. Each case is then its own test comparing that with ``plan_buckets``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import interactive_shard as ish
+from interactive_shard.buckets import plan_buckets
+
+ITERATIONS = 3
+HAS_CAP_LIST = (
+    "bucket_cap_mb_list"
+    in inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+)
+
+# Ranks may be spawned: ship this module's models and functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+# -- models: small, seconds on 2 cores ---------------------------------------------------
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 32)
+        self.b = nn.Linear(32, 32)
+        self.c = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+class TinyTransformer(nn.Module):
+    """Embeddings, layernorms, attention and MLP linears, a tied output head."""
+
+    def __init__(self, d: int = 32, vocab: int = 50) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(8, d))
+        self.ln1 = nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.ln2 = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+        self.lnf = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids) + self.pos[: ids.shape[1]]
+        x = self.ln1(h)
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) / x.shape[-1] ** 0.5
+        h = h + self.o(torch.softmax(scores, -1) @ self.v(x))
+        h = h + self.down(torch.relu(self.up(self.ln2(h))))
+        return self.head(self.lnf(h))
+
+
+class WithUnused(nn.Module):
+    """``skip`` never takes part in forward; ``frozen`` is not trainable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 32)
+        self.skip = nn.Linear(32, 32)
+        self.c = nn.Linear(32, 8)
+        self.frozen = nn.Linear(4, 4).requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.relu(self.a(x)))
+
+
+class Wide(nn.Module):
+    """3 MiB of float32 parameters: large enough for the 1 MiB first-bucket rule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(256, 256) for _ in range(12))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+class MixedKinds(nn.Module):
+    """A float64 layer (buckets split by dtype) and a sparse-gradient embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(40, 16, sparse=True)
+        self.a = nn.Linear(16, 32)
+        self.d = nn.Linear(32, 32).double()
+        self.c = nn.Linear(32, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(self.emb(ids)))
+        return self.c(torch.relu(self.d(h.double())).float()).sum(1)
+
+
+MODELS: dict[str, tuple[type[nn.Module], Any]] = {
+    "mlp": (MLP, lambda: (torch.randn(4, 16),)),
+    "transformer": (TinyTransformer, lambda: (torch.randint(0, 50, (2, 8)),)),
+    "unused": (WithUnused, lambda: (torch.randn(4, 16),)),
+    "wide": (Wide, lambda: (torch.randn(4, 256),)),
+    "mixed": (MixedKinds, lambda: (torch.randint(0, 40, (2, 8)),)),
+}
+
+FLAGS = {
+    "plain": {},
+    "find_unused": {"find_unused_parameters": True},
+    "static": {"static_graph": True},
+}
+
+
+def _cases() -> dict[str, tuple[str, dict[str, Any]]]:
+    cases: dict[str, tuple[str, dict[str, Any]]] = {}
+    for model in ("mlp", "transformer"):
+        for cap in (None, 0.001, 0.01, 0.05):
+            for flag, flag_kwargs in FLAGS.items():
+                cap_kwargs = {} if cap is None else {"bucket_cap_mb": cap}
+                cases[f"{model}-cap{cap}-{flag}"] = (model, {**cap_kwargs, **flag_kwargs})
+        for flag, flag_kwargs in FLAGS.items():
+            caps = {"bucket_cap_mb_list": [0.002, 0.006, 0.001]}
+            cases[f"{model}-list-{flag}"] = (model, {**caps, **flag_kwargs})
+    small_unused = {"bucket_cap_mb": 0.001, "find_unused_parameters": True}
+    cases["unused-cap0.001-find_unused"] = ("unused", small_unused)
+    cases["unused-capNone-find_unused"] = ("unused", {"find_unused_parameters": True})
+    cases["unused-cap0.001-static"] = ("unused", {"bucket_cap_mb": 0.001, "static_graph": True})
+    cases["wide-capNone-plain"] = ("wide", {})
+    cases["wide-capNone-find_unused"] = ("wide", {"find_unused_parameters": True})
+    cases["wide-cap1-plain"] = ("wide", {"bucket_cap_mb": 1})
+    cases["wide-list-plain"] = ("wide", {"bucket_cap_mb_list": [0.3, 0.1, 0.6]})
+    cases["mixed-capNone-plain"] = ("mixed", {})
+    cases["mixed-cap0.001-plain"] = ("mixed", {"bucket_cap_mb": 0.001})
+    cases["mixed-cap0.001-find_unused"] = ("mixed", small_unused)
+    if not HAS_CAP_LIST:  # torch < 2.13
+        cases = {k: v for k, v in cases.items() if "bucket_cap_mb_list" not in v[1]}
+    return cases
+
+
+CASES = _cases()
+
+# iteration -> buckets in hook-call order: (fqns, buffer bytes or None if sparse, index())
+Observed = dict[int, list[tuple[list[str], int | None, int]]]
+
+
+# -- rank side -------------------------------------------------------------------------------
+
+
+def _observe(ctx: Any, model_name: str, ddp_kwargs: dict[str, Any]) -> Observed:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    build, make_inputs = MODELS[model_name]
+    torch.manual_seed(0)
+    model = build()
+    names = {id(p): fqn for fqn, p in model.named_parameters()}
+    ddp = DDP(model, **ddp_kwargs)
+    # The planner unwraps a DDP module and names parameters as the module does.
+    assert plan_buckets(ddp, **ddp_kwargs).rebuilt == plan_buckets(model, **ddp_kwargs).rebuilt
+    seen: Observed = {}
+    state = {"iteration": 0}
+
+    # No annotations: DDP rejects a ``bucket`` annotation that is not dist.GradBucket
+    # itself, and ``from __future__ import annotations`` would make it a string.
+    def hook(state, bucket):  # type: ignore[no-untyped-def]
+        buffer = bucket.buffer()
+        nbytes = None if buffer.is_sparse else buffer.numel() * buffer.element_size()
+        fqns = [names[id(p)] for p in bucket.parameters()]
+        seen.setdefault(state["iteration"], []).append((fqns, nbytes, bucket.index()))
+        work = dist.all_reduce(buffer, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0] / ctx.world_size)
+
+    ddp.register_comm_hook(state, hook)
+    for iteration in range(1, ITERATIONS + 1):
+        state["iteration"] = iteration
+        torch.manual_seed(100 * iteration + ctx.rank)  # ranks see different data
+        out = ddp(*make_inputs())
+        out.sum().backward()
+    return seen
+
+
+def _observe_all(ctx: Any, cases: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Observed]:
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*find_unused_parameters=True.*")
+    return {case: _observe(ctx, model, kwargs) for case, (model, kwargs) in cases.items()}
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def observed() -> dict[str, Observed]:
+    run = ish.launch(_observe_all, CASES, nprocs=2, timeout=60, backend="gloo", device="cpu")
+    rank0, rank1 = run.results
+    assert rank0 == rank1, "both ranks must see the same buckets (rank 0's order is broadcast)"
+    return rank0
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_plan_matches_real_ddp(observed: dict[str, Observed], case: str) -> None:
+    model_name, kwargs = CASES[case]
+    build, make_inputs = MODELS[model_name]
+    torch.manual_seed(0)
+    model = build()
+    torch.manual_seed(100)
+    plan = plan_buckets(model, example_inputs=make_inputs(), **kwargs)
+    seen = observed[case]
+    assert sorted(seen) == list(range(1, ITERATIONS + 1))
+    for iteration in range(1, ITERATIONS + 1):
+        planned = plan.iteration(iteration)
+        got = seen[iteration]
+        assert [b.fqns for b in planned] == [fqns for fqns, _, _ in got], f"iteration {iteration}"
+        for bucket, (_, nbytes, index) in zip(planned, got, strict=True):
+            assert nbytes is None or bucket.nbytes == nbytes
+            # static_graph's first iteration reduces every bucket at the end of backward
+            # (Reducer::delay_all_reduce) and each then reports index() 0.
+            delayed = kwargs.get("static_graph") and iteration == 1
+            assert index == (0 if delayed else bucket.index)
+
+
+def test_rebuild_timing_facts(observed: dict[str, Observed]) -> None:
+    """The facts the planner encodes, stated on raw observations."""
+    one = [["a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"]]
+    rebuilt = [["c.bias", "c.weight"], ["b.bias", "b.weight"], ["a.bias", "a.weight"]]
+    plain = observed["mlp-cap0.001-plain"]
+    assert [b[0] for b in plain[1]] == one and [b[0] for b in plain[2]] == rebuilt
+    static = observed["mlp-cap0.001-static"]
+    assert [b[0] for b in static[2]] == one and [b[0] for b in static[3]] == rebuilt
+    find_unused = observed["mlp-cap0.001-find_unused"]
+    assert find_unused[1] == find_unused[2] == find_unused[3] and len(find_unused[1]) == 4

@@ -13,10 +13,12 @@ __version__ = "0.1.0"
 from interactive_shard.cluster import (
     Cluster,
     ClusterClosedError,
+    Listener,
     RankContext,
     RankError,
     Run,
     launch,
+    listen,
     load,
 )
 from interactive_shard.telemetry import RecordingError, RecordingWarning
@@ -24,6 +26,7 @@ from interactive_shard.telemetry import RecordingError, RecordingWarning
 __all__ = [
     "Cluster",
     "ClusterClosedError",
+    "Listener",
     "RankContext",
     "RankError",
     "RecordingError",
@@ -31,5 +34,6 @@ __all__ = [
     "Run",
     "__version__",
     "launch",
+    "listen",
     "load",
 ]

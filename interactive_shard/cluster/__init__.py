@@ -7,6 +7,7 @@ from typing import Any
 from interactive_shard.cluster.cluster import Cluster, ClusterClosedError
 from interactive_shard.cluster.context import RankContext
 from interactive_shard.cluster.errors import RankError
+from interactive_shard.cluster.listen import Listener, listen
 from interactive_shard.cluster.run import Run, load
 
 
@@ -22,4 +23,14 @@ def launch(fn: Any, *args: Any, nprocs: int = 2, **kwargs: Any) -> Run:
         return cluster.run(fn, *args, **kwargs)
 
 
-__all__ = ["Cluster", "ClusterClosedError", "RankContext", "RankError", "Run", "launch", "load"]
+__all__ = [
+    "Cluster",
+    "ClusterClosedError",
+    "Listener",
+    "RankContext",
+    "RankError",
+    "Run",
+    "launch",
+    "listen",
+    "load",
+]

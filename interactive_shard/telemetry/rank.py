@@ -35,6 +35,27 @@ def connect(address: str, token: str, rank: int | None = None) -> Emitter:
     """Connect this process (e.g. a torchrun rank) to a notebook's collector."""
     if rank is None:
         rank = int(os.environ.get("RANK", "0"))
-    set_emitter(Emitter(address, token, rank))
-    assert _emitter is not None
-    return _emitter
+    emitter = Emitter(address, token, rank)
+    set_emitter(emitter)
+    return emitter
+
+
+def connect_from_env() -> Emitter:
+    """Connect using ``ISH_TELEMETRY`` / ``ISH_TOKEN`` (see ``ish.listen``) and ``RANK``."""
+    try:
+        address, token = os.environ["ISH_TELEMETRY"], os.environ["ISH_TOKEN"]
+    except KeyError as missing:
+        raise RuntimeError(
+            f"{missing} is not set: export the values of listener.command_env() in the "
+            "environment of every rank (e.g. before torchrun)."
+        ) from None
+    return connect(address, token)
+
+
+def close(final: bool = True) -> None:
+    """Flush what is buffered, close the stream (``final``) and disconnect."""
+    global _emitter
+    if _emitter is not None:
+        _emitter.flush(final=final)
+        _emitter.close()
+        _emitter = None

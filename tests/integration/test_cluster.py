@@ -255,3 +255,12 @@ def test_save_and_load_a_real_run(cluster: ish.Cluster, tmp_path: Path) -> None:
     assert loaded.store.info.backend == "gloo" and loaded.store.info.device_types == ["cpu"]
     html = loaded.to_html(tmp_path / "r.html").read_text()
     assert "loss" in html
+
+
+def test_two_clusters_live_side_by_side(cluster: ish.Cluster) -> None:
+    with ish.Cluster(2, timeout=20, echo=False) as other:
+        first = cluster.run(all_reduce_rank, wait=False)
+        second = other.run(all_reduce_rank, scale=10.0)
+        assert second.results == [30.0, 30.0]
+        assert first.wait().results == [3.0, 3.0]
+        assert cluster.telemetry[0] != other.telemetry[0]

@@ -1,0 +1,248 @@
+"""BucketMapView: the bucket map widget (iteration, rank, what-if cap, health, figures).
+
+Thin: all state worth testing lives in ``BucketMap`` and in the pure figures of
+``figures.py`` / ``figures_timeline.py``; this file wires widgets to them. Every redraw
+builds the figures from the model as it is now and swaps them into the FigureWidgets
+inside ``batch_update()``; ``ui.live`` calls ``refresh()`` at most 10 times a second
+while ranks run.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from interactive_shard.buckets.figures import figure_bucket_map
+from interactive_shard.buckets.figures_timeline import (
+    figure_bucket_timeline,
+    figure_health,
+    report_figures,
+)
+from interactive_shard.buckets.model import BucketMap
+from interactive_shard.ui import live
+
+__all__ = [
+    "BucketMapView",
+    "figure_bucket_map",
+    "figure_bucket_timeline",
+    "figure_health",
+    "report_figures",
+]
+
+LATEST = 0  # iteration selector value that follows the newest iteration
+CAP_LOG2_MIN, CAP_LOG2_MAX = -14, 9  # what-if slider: 64 B .. 512 MiB, in MiB on a log2 scale
+
+
+class BucketMapView:
+    """Live view of a ``BucketMap``; ``widget`` is built on first use.
+
+    Tests drive it from Python: set ``iteration_selector.value``, ``rank_selector.value``
+    or ``cap_slider.value`` (the what-if ``bucket_cap_mb``), click ``reset_button``, then
+    read ``map_figure`` / ``timeline_figure`` / ``health_html``.
+    """
+
+    def __init__(self, bucket_map: BucketMap) -> None:
+        self.model = bucket_map
+        self.cap_mb: float | None = None  # what-if cap; None: the recorded DDP settings
+        self._widget: widgets.VBox | None = None
+        self._drawn: tuple[Any, ...] | None = None
+        self._quiet = False  # set while the view itself moves a control
+
+    # -- state (no widgets) ----------------------------------------------------------------
+    @property
+    def iteration(self) -> int | None:
+        """The iteration shown: the selected one, or the latest."""
+        chosen = self.iteration_selector.value if self._widget is not None else LATEST
+        return chosen if chosen != LATEST else self.model.latest
+
+    @property
+    def rank(self) -> int:
+        ranks = self.model.ranks
+        chosen = self.rank_selector.value if self._widget else None
+        return chosen if chosen is not None else (0 if 0 in ranks or not ranks else ranks[0])
+
+    @property
+    def what_if(self) -> dict[str, Any]:
+        return {} if self.cap_mb is None else {"bucket_cap_mb": self.cap_mb}
+
+    def _iteration_options(self) -> list[tuple[str, int]]:
+        try:
+            plan = self.model.plan()
+            rebuilt_from = plan.rebuilt_from_iteration
+        except (LookupError, ValueError, TypeError):
+            rebuilt_from = None
+        options = [("latest", LATEST)]
+        for it in self.model.iterations:
+            note = " · initial buckets" if it == 1 else ""
+            note += " · rebuilt" if it == rebuilt_from else ""
+            options.append((f"{it}{note}", it))
+        return options
+
+    def _status(self) -> str:
+        info = self.model.info
+        if info is None:
+            return "<i>Waiting for <code>ish.watch(ddp)</code> on the ranks…</i>"
+        cap = "default" if info.bucket_cap_mb is None else info.bucket_cap_mb
+        caps = (
+            f"bucket_cap_mb_list={info.bucket_cap_mb_list}"
+            if info.bucket_cap_mb_list
+            else f"bucket_cap_mb={cap}"
+        )
+        flags = (
+            f"find_unused_parameters={info.find_unused_parameters}, "
+            f"static_graph={info.static_graph}"
+        )
+        what_if = f" · <b>what if bucket_cap_mb={self.cap_mb:.4g}</b>" if self.cap_mb else ""
+        return (
+            f"<b>{len(info.fqns)} parameters</b> · DDP {caps}, {flags} · world size "
+            f"{info.world_size} · ready order {html.escape(self.model.ready_order_source())}"
+            f"{what_if}"
+        )
+
+    def _health(self) -> str:
+        findings = self.model.health
+        if not findings:
+            return "<b>Health:</b> no findings."
+        items = "".join(
+            f"<li><b>{f.kind}</b> (iteration {f.iteration}): {html.escape(f.message)}</li>"
+            for f in findings[:20]
+        )
+        more = f"<li>… {len(findings) - 20} more</li>" if len(findings) > 20 else ""
+        return f"<b>Health: {len(findings)} finding(s)</b><ul>{items}{more}</ul>"
+
+    # -- widgets ---------------------------------------------------------------------------
+    @property
+    def widget(self) -> widgets.VBox:
+        if self._widget is None:
+            self._build()
+            live.register(self)
+        assert self._widget is not None
+        return self._widget
+
+    def _build(self) -> None:
+        self.model.update()
+        info = self.model.info
+        recorded = info.cap_mb if info is not None else 25.0
+        self.iteration_selector = widgets.Dropdown(
+            description="iteration", options=self._iteration_options(), value=LATEST
+        )
+        self.rank_selector = widgets.Dropdown(
+            description="rank", options=[(str(r), r) for r in self.model.ranks] or [("0", 0)]
+        )
+        self.cap_slider = widgets.FloatLogSlider(
+            value=_clamp(recorded),
+            base=2,
+            min=CAP_LOG2_MIN,
+            max=CAP_LOG2_MAX,
+            step=0.25,
+            readout_format=".3g",
+            description="what-if cap (MiB)",
+            style={"description_width": "initial"},
+            layout={"width": "420px"},
+        )
+        self.reset_button = widgets.Button(description="recorded settings", icon="undo")
+        self.status_html = widgets.HTML()
+        self.health_html = widgets.HTML()
+        self.map_figure = go.FigureWidget()
+        self.timeline_figure = go.FigureWidget()
+        self.iteration_selector.observe(self._on_control, names="value")
+        self.rank_selector.observe(self._on_control, names="value")
+        self.cap_slider.observe(self._on_cap, names="value")
+        self.reset_button.on_click(self._on_reset)
+        controls = widgets.HBox([self.iteration_selector, self.rank_selector])
+        what_if = widgets.HBox([self.cap_slider, self.reset_button])
+        self._widget = widgets.VBox(
+            [
+                self.status_html,
+                controls,
+                what_if,
+                self.map_figure,
+                self.timeline_figure,
+                self.health_html,
+            ]
+        )
+        self.refresh()
+
+    def _on_control(self, _change: dict[str, Any]) -> None:
+        if not self._quiet:
+            self.refresh()
+
+    def _on_cap(self, change: dict[str, Any]) -> None:
+        if not self._quiet:
+            self.cap_mb = float(change["new"])
+            self.refresh()
+
+    def _on_reset(self, _button: widgets.Button | None = None) -> None:
+        self.cap_mb = None
+        info = self.model.info
+        self._quiet = True
+        try:
+            self.cap_slider.value = _clamp(info.cap_mb if info is not None else 25.0)
+        finally:
+            self._quiet = False
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Bring controls and figures up to date with the model (cheap when nothing changed)."""
+        if self._widget is None:
+            return
+        self.model.update()
+        self._quiet = True
+        try:  # new iterations and ranks appear while the run goes on
+            options = self._iteration_options()
+            if options != list(self.iteration_selector.options):
+                chosen = self.iteration_selector.value
+                self.iteration_selector.options = options
+                self.iteration_selector.value = chosen if chosen in dict(options).values() else 0
+            ranks = [(str(r), r) for r in self.model.ranks]
+            if ranks and ranks != list(self.rank_selector.options):
+                chosen = self.rank_selector.value
+                self.rank_selector.options = ranks
+                self.rank_selector.value = chosen if chosen in self.model.ranks else ranks[0][1]
+        finally:
+            self._quiet = False
+        iteration = self.iteration
+        key = (self.model.revision, iteration, self.rank)
+        if (*key, self.cap_mb) == self._drawn:
+            return
+        data_changed = self._drawn is None or key != self._drawn[:3]
+        self._drawn = (*key, self.cap_mb)
+        self.status_html.value = self._status()
+        if iteration is None:
+            _swap(self.map_figure, go.Figure(layout={"title": {"text": "No bucket data yet"}}))
+            return
+        _swap(
+            self.map_figure,
+            figure_bucket_map(self.model, iteration, self.rank, what_if=self.what_if),
+        )
+        if data_changed:  # the timeline and findings do not depend on the what-if cap
+            self.health_html.value = self._health()
+            _swap(self.timeline_figure, figure_bucket_timeline(self.model, iteration, self.rank))
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+
+def _swap(target: go.FigureWidget, fig: go.Figure) -> None:
+    """Replace a FigureWidget's traces and layout with ``fig``'s, as one front-end update.
+
+    The layout is merged with ``overwrite=True`` minus its template: assigning a whole
+    layout re-validates plotly's default template, which cost more than the traces.
+    """
+    layout = fig.layout.to_plotly_json()
+    layout.pop("template", None)
+    with target.batch_update():
+        target.data = ()
+        target.add_traces(list(fig.data))
+        target.update_layout(layout, overwrite=True)
+        target.layout.shapes = layout.get("shapes", ())
+        target.layout.annotations = layout.get("annotations", ())
+
+
+def _clamp(cap_mb: float) -> float:
+    low, high = 2.0**CAP_LOG2_MIN, 2.0**CAP_LOG2_MAX
+    return min(max(cap_mb, low), high) if math.isfinite(cap_mb) else high

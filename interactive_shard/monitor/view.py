@@ -6,6 +6,7 @@ import html
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
+import numpy as np
 import plotly.graph_objects as go
 
 from interactive_shard.monitor.model import MonitorModel, RankState
@@ -19,15 +20,28 @@ if TYPE_CHECKING:
 DASHES = ("solid", "dash", "dot", "dashdot")
 
 
-def figure_scalars(model: MonitorModel) -> go.Figure:
-    """One line per (scalar, rank), x = step."""
+# The live widget shows at most this many points per line: redrawing 200,000-point
+# traces took over a second per refresh and held the kernel. The report keeps all.
+LIVE_POINTS = 2000
+
+
+def _thin(values: list[float] | list[int], max_points: int | None) -> np.ndarray:
+    array = np.asarray(values)  # numpy: plotly validates lists element by element
+    if max_points is None or len(array) <= max_points:
+        return array
+    stride = -(-len(array) // max_points)
+    return np.concatenate([array[::stride], array[-1:]])
+
+
+def figure_scalars(model: MonitorModel, max_points: int | None = None) -> go.Figure:
+    """One line per (scalar, rank), x = step; ``max_points`` thins long lines."""
     fig = go.Figure()
     for i, (name, per_rank) in enumerate(sorted(model.scalars.items())):
         for rank, series in sorted(per_rank.items()):
             fig.add_trace(
                 go.Scatter(
-                    x=series.steps,
-                    y=series.values,
+                    x=_thin(series.steps, max_points),
+                    y=_thin(series.values, max_points),
                     mode="lines+markers",
                     name=f"{name} · rank {rank}",
                     line={"color": rank_color(rank), "dash": DASHES[i % len(DASHES)]},
@@ -119,7 +133,7 @@ class MonitorView:
         ]
         self._logs = [widgets.HTML(layout={"width": "100%"}) for _ in range(n)]
         rows = [widgets.HBox([self._labels[r], self._bars[r], self._logs[r]]) for r in range(n)]
-        self._fig = go.FigureWidget(figure_scalars(model) if model else go.Figure())
+        self._fig = go.FigureWidget(figure_scalars(model, LIVE_POINTS) if model else go.Figure())
         # Shown only once there is a scalar to plot (an empty plot just takes space).
         self._fig_box = widgets.Box([self._fig])
         self._fig_box.layout.display = "" if self._fig.data else "none"
@@ -155,7 +169,7 @@ class MonitorView:
             )
         if model is not None and version != self._seen_version:
             self._seen_version = version
-            self._redraw(figure_scalars(model))
+            self._redraw(figure_scalars(model, LIVE_POINTS))
 
     def _redraw(self, fig: go.Figure) -> None:
         with self._fig.batch_update():

@@ -45,9 +45,9 @@ def test_figure_has_one_line_per_scalar_and_rank() -> None:
     _feed(store, 3)
     model = MonitorModel(store)
     model.update()
-    fig = figure_scalars(model).to_dict()
-    assert [t["name"] for t in fig["data"]] == ["loss · rank 0", "loss · rank 1"]
-    assert list(fig["data"][0]["x"]) == [1, 2, 3]
+    fig = figure_scalars(model)
+    assert [t.name for t in fig.data] == ["loss · rank 0", "loss · rank 1"]
+    assert list(fig.data[0].x) == [1, 2, 3]
 
 
 def test_view_widget_state_follows_the_store() -> None:
@@ -84,3 +84,18 @@ def test_report_is_self_contained(tmp_path: Path) -> None:
     text = path.read_text()
     assert "Plotly" in text and "loss \\u00b7 rank 0" in text
     assert "<script src=" not in text  # nothing fetched from the network
+
+
+def test_live_figure_thins_long_lines_but_the_report_keeps_all() -> None:
+    from interactive_shard.monitor.view import LIVE_POINTS
+
+    store = _store()
+    store.extend(
+        Event("scalar", 0, step, 0.0, {"name": "loss", "value": float(step)})
+        for step in range(1, 10_001)
+    )
+    model = MonitorModel(store)
+    model.update()
+    live = figure_scalars(model, LIVE_POINTS).data[0]
+    assert len(live.x) <= LIVE_POINTS + 1 and live.x[-1] == 10_000  # the last point stays
+    assert len(figure_scalars(model).data[0].x) == 10_000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from interactive_shard.buckets.plan import Bucket
@@ -37,6 +37,17 @@ def _names(fqns: Sequence[str], limit: int = 6) -> str:
     return shown + (f" and {len(fqns) - limit} more" if len(fqns) > limit else "")
 
 
+def _ranks(ranks: Sequence[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"
+
+
+def reduction_unfinished(info: WatchInfo | None) -> bool:
+    """True when a parameter without gradient stops DDP from finishing the reduction."""
+    return info is None or not (info.find_unused_parameters or info.static_graph)
+
+
 def unready_finding(
     iteration: int, per_rank: Mapping[int, Sequence[str]], info: WatchInfo | None
 ) -> Finding | None:
@@ -47,23 +58,25 @@ def unready_finding(
     seen = {f for r in ranks for f in per_rank[r]}
     order = info.fqns if info is not None else sorted(seen)
     fqns = [f for f in order if f in seen] + sorted(seen - set(order))
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
     head = (
-        f"Iteration {iteration}: on {who} {len(fqns)} parameter(s) got no gradient: "
+        f"Iteration {iteration}: {len(fqns)} parameter(s) got no gradient on {_ranks(ranks)}: "
         f"{_names(fqns)}. "
     )
-    if info is not None and info.find_unused_parameters:
+    if not reduction_unfinished(info):
+        how = "find_unused_parameters=True" if info and info.find_unused_parameters else ""
+        how = how or "static_graph=True"
         tail = (
-            "DDP was built with find_unused_parameters=True, so it marked them ready itself "
-            "and training goes on; that search walks the autograd graph every iteration, "
-            "which costs time. If they are never used, freeze or remove them."
+            f"DDP was built with {how}, so it marks them ready itself and training goes "
+            "on. If they are never used, freeze or remove them: find_unused_parameters "
+            "walks the autograd graph every iteration, which costs time."
         )
     else:
         tail = (
             "DDP waits for every parameter's gradient before it can finish the reduction, so "
             "the next forward fails with 'Expected to have finished reduction in the prior "
-            "iteration before starting a new one'. Fix: use these parameters in the forward "
-            "(so they get a gradient), freeze them (requires_grad=False), or pass "
+            "iteration before starting a new one', and until then every rank keeps its own "
+            "local gradients. Fix: use these parameters in the forward (so they get a "
+            "gradient), freeze them (requires_grad=False), or pass "
             "find_unused_parameters=True to DDP."
         )
     return Finding(UNREADY, iteration, ranks, fqns, head + tail)
@@ -78,7 +91,10 @@ def _same(a: float | None, b: float | None) -> bool:
 
 
 def divergence_finding(
-    iteration: int, per_rank: Mapping[int, Mapping[str, float]], order: Sequence[str]
+    iteration: int,
+    per_rank: Mapping[int, Mapping[str, float]],
+    order: Sequence[str],
+    repeated: Collection[str] = (),
 ) -> Finding | None:
     """Parameters whose reduced gradient differs across ranks (it must not, after DDP)."""
     ranks = sorted(per_rank)
@@ -112,7 +128,7 @@ def divergence_finding(
         return None
     message = (
         f"Iteration {iteration}: after DDP's all-reduce, {len(diverged)} parameter(s) hold "
-        f"different gradients on ranks {', '.join(map(str, sorted(odd)))}: {_names(diverged)}. "
+        f"different gradients on {_ranks(sorted(odd))}: {_names(diverged)}. "
         "DDP averages each gradient once, so every rank should hold the same values; the "
         "replicas will now drift apart. Likely causes: reentrant activation checkpointing "
         "(a gradient hook firing twice) without static_graph=True; code that depends on the "
@@ -120,6 +136,13 @@ def divergence_finding(
         "outside DDP (non-deterministic ops, clipping or hooks applied after the reduction "
         "on only some ranks)."
     )
+    twice = [f for f in diverged if f in repeated]
+    if twice:
+        message += (
+            f" Here {_names(twice)} got a gradient twice in one backward, the signature of "
+            "reentrant checkpointing: pass static_graph=True to DDP or use "
+            "checkpoint(..., use_reentrant=False)."
+        )
     return Finding(DIVERGENCE, iteration, sorted(odd), diverged, message)
 
 
@@ -243,8 +266,9 @@ def _clip(a: float, b: float, lo: float, hi: float) -> float:
 def timeline(
     iteration: int, rank: int, buckets: list[ObservedBucket], record: IterationRecord | None
 ) -> Timeline:
-    if record is not None:
-        t0, t1 = record.backward_start, record.backward_end
+    window_known = record is not None and record.backward_start is not None
+    if record is not None and record.backward_start is not None:
+        t0, t1 = record.backward_start, record.backward_end or record.backward_start
         grads = [(f, t - t0) for f, t in zip(record.ready_order, record.ready_t, strict=True)]
     else:
         ready = [b.ready_t for b in buckets] or [0.0]
@@ -266,5 +290,5 @@ def timeline(
     comm = sum(b - a for a, b in merged)
     hidden = sum(_clip(a, b, 0.0, window) for a, b in merged)
     return Timeline(
-        iteration, rank, t0, window, timings, grads, comm, hidden, approximate=record is None
+        iteration, rank, t0, window, timings, grads, comm, hidden, approximate=not window_known
     )

@@ -149,12 +149,21 @@ class BucketMap:
         order = info.fqns if info is not None else []
         for it in sorted(self._dirty):
             per_rank = {r: rec for (i, r), rec in self._records.items() if i == it}
-            found = [
-                analysis.unready_finding(it, {r: x.unready for r, x in per_rank.items()}, info),
-                analysis.divergence_finding(
-                    it, {r: x.checksums for r, x in per_rank.items()}, order
-                ),
-            ]
+            unready = analysis.unready_finding(
+                it, {r: x.unready for r, x in per_rank.items()}, info
+            )
+            # An unfinished reduction leaves every gradient local, so differing checksums
+            # are expected then and the unready finding already explains it.
+            stuck = unready is not None and analysis.reduction_unfinished(info)
+            divergence = None
+            if not stuck:
+                divergence = analysis.divergence_finding(
+                    it,
+                    {r: x.checksums for r, x in per_rank.items()},
+                    order,
+                    {f for x in per_rank.values() for f in x.repeated},
+                )
+            found = [unready, divergence]
             self._findings[it] = [f for f in found if f is not None]
         self._dirty.clear()
         return [f for it in sorted(self._findings) for f in self._findings[it]]
@@ -186,7 +195,8 @@ class BucketMap:
                 "before the first backward to record the parameters"
             )
         settings: dict[str, Any] = {
-            "bucket_cap_mb": info.bucket_cap_mb,
+            # DDP ignores bucket_cap_mb when given a list (the probe may report both).
+            "bucket_cap_mb": None if info.bucket_cap_mb_list else info.bucket_cap_mb,
             "bucket_cap_mb_list": info.bucket_cap_mb_list,
             "find_unused_parameters": info.find_unused_parameters,
             "static_graph": info.static_graph,

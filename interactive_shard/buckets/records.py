@@ -77,12 +77,13 @@ class ObservedBucket:
 class IterationRecord:
     """The end-of-backward summary of one DDP iteration on one rank."""
 
-    backward_start: float
-    backward_end: float
+    backward_start: float | None  # None: no gradient became ready at all
+    backward_end: float | None
     ready_order: list[str]
     ready_t: list[float]
     unready: list[str]
     checksums: dict[str, float] = field(default_factory=dict)
+    repeated: list[str] = field(default_factory=list)  # reached twice (reentrant checkpoint)
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -200,11 +201,14 @@ def parse_iteration(p: Mapping[str, Any]) -> tuple[int, IterationRecord]:
         if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
     record = IterationRecord(
-        backward_start=_time(p, ITERATION, "backward_start"),
-        backward_end=_time(p, ITERATION, "backward_end"),
+        backward_start=None
+        if p.get("backward_start") is None
+        else _time(p, ITERATION, "backward_start"),
+        backward_end=None if p.get("backward_end") is None else _time(p, ITERATION, "backward_end"),
         ready_order=order,
         ready_t=[float(t) for t in times],
         unready=_str_list(p, ITERATION, "unready") if "unready" in p else [],
         checksums=checksums,
+        repeated=_str_list(p, ITERATION, "repeated") if "repeated" in p else [],
     )
     return _iteration(p, ITERATION), record

@@ -40,14 +40,25 @@ CAP_LOG2_MIN, CAP_LOG2_MAX = -14, 9  # what-if slider: 64 B .. 512 MiB, in MiB o
 class BucketMapView:
     """Live view of a ``BucketMap``; ``widget`` is built on first use.
 
-    Tests drive it from Python: set ``iteration_selector.value``, ``rank_selector.value``
-    or ``cap_slider.value`` (the what-if ``bucket_cap_mb``), click ``reset_button``, then
-    read ``map_figure`` / ``timeline_figure`` / ``health_html``.
+    State first: ``iteration`` (None follows the latest), ``rank`` and the what-if
+    ``cap_mb`` (None: the recorded DDP settings) can be given here, before any widget
+    exists. Once ``widget`` is built, the controls hold that state: set
+    ``iteration_selector.value``, ``rank_selector.value`` or ``cap_slider.value``, click
+    ``reset_button``, then read ``map_figure`` / ``timeline_figure`` / ``health_html``.
     """
 
-    def __init__(self, bucket_map: BucketMap) -> None:
+    def __init__(
+        self,
+        bucket_map: BucketMap,
+        *,
+        iteration: int | None = None,
+        rank: int | None = None,
+        cap_mb: float | None = None,
+    ) -> None:
         self.model = bucket_map
-        self.cap_mb: float | None = None  # what-if cap; None: the recorded DDP settings
+        self.chosen_iteration = iteration or LATEST
+        self.chosen_rank = rank
+        self.cap_mb = cap_mb
         self._widget: widgets.VBox | None = None
         self._drawn: tuple[Any, ...] | None = None
         self._quiet = False  # set while the view itself moves a control
@@ -56,14 +67,14 @@ class BucketMapView:
     @property
     def iteration(self) -> int | None:
         """The iteration shown: the selected one, or the latest."""
-        chosen = self.iteration_selector.value if self._widget is not None else LATEST
-        return chosen if chosen != LATEST else self.model.latest
+        return self.chosen_iteration if self.chosen_iteration != LATEST else self.model.latest
 
     @property
     def rank(self) -> int:
+        if self.chosen_rank is not None:
+            return self.chosen_rank
         ranks = self.model.ranks
-        chosen = self.rank_selector.value if self._widget else None
-        return chosen if chosen is not None else (0 if 0 in ranks or not ranks else ranks[0])
+        return 0 if 0 in ranks or not ranks else ranks[0]
 
     @property
     def what_if(self) -> dict[str, Any]:
@@ -76,22 +87,27 @@ class BucketMapView:
         except (LookupError, ValueError, TypeError):
             rebuilt_from = None
         options = [("latest", LATEST)]
-        for it in self.model.iterations:
+        iterations = set(self.model.iterations) | {self.chosen_iteration} - {LATEST}
+        for it in sorted(iterations):
             note = " · initial buckets" if it == 1 else ""
             note += " · rebuilt" if it == rebuilt_from else ""
             options.append((f"{it}{note}", it))
         return options
 
+    def _rank_options(self) -> list[tuple[str, int]]:
+        return [(str(r), r) for r in sorted({*self.model.ranks, self.rank})]
+
     def _status(self) -> str:
         info = self.model.info
         if info is None:
             return "<i>Waiting for <code>ish.watch(ddp)</code> on the ranks…</i>"
-        cap = "default" if info.bucket_cap_mb is None else info.bucket_cap_mb
-        caps = (
-            f"bucket_cap_mb_list={info.bucket_cap_mb_list}"
-            if info.bucket_cap_mb_list
-            else f"bucket_cap_mb={cap}"
-        )
+        # The probe reports caps as bytes / 2**20: print 0.02, not 0.01999950408935547.
+        if info.bucket_cap_mb_list:
+            caps = f"bucket_cap_mb_list=[{', '.join(f'{c:.3g}' for c in info.bucket_cap_mb_list)}]"
+        elif info.bucket_cap_mb is None:
+            caps = "bucket_cap_mb=default (25)"
+        else:
+            caps = f"bucket_cap_mb={info.bucket_cap_mb:.3g}"
         flags = (
             f"find_unused_parameters={info.find_unused_parameters}, "
             f"static_graph={info.static_graph}"
@@ -128,13 +144,13 @@ class BucketMapView:
         info = self.model.info
         recorded = info.cap_mb if info is not None else 25.0
         self.iteration_selector = widgets.Dropdown(
-            description="iteration", options=self._iteration_options(), value=LATEST
+            description="iteration", options=self._iteration_options(), value=self.chosen_iteration
         )
         self.rank_selector = widgets.Dropdown(
-            description="rank", options=[(str(r), r) for r in self.model.ranks] or [("0", 0)]
+            description="rank", options=self._rank_options(), value=self.rank
         )
         self.cap_slider = widgets.FloatLogSlider(
-            value=_clamp(recorded),
+            value=_clamp(self.cap_mb if self.cap_mb is not None else recorded),
             base=2,
             min=CAP_LOG2_MIN,
             max=CAP_LOG2_MAX,
@@ -169,6 +185,8 @@ class BucketMapView:
 
     def _on_control(self, _change: dict[str, Any]) -> None:
         if not self._quiet:
+            self.chosen_iteration = self.iteration_selector.value
+            self.chosen_rank = self.rank_selector.value
             self.refresh()
 
     def _on_cap(self, change: dict[str, Any]) -> None:
@@ -195,14 +213,12 @@ class BucketMapView:
         try:  # new iterations and ranks appear while the run goes on
             options = self._iteration_options()
             if options != list(self.iteration_selector.options):
-                chosen = self.iteration_selector.value
                 self.iteration_selector.options = options
-                self.iteration_selector.value = chosen if chosen in dict(options).values() else 0
-            ranks = [(str(r), r) for r in self.model.ranks]
-            if ranks and ranks != list(self.rank_selector.options):
-                chosen = self.rank_selector.value
+                self.iteration_selector.value = self.chosen_iteration
+            ranks = self._rank_options()
+            if ranks != list(self.rank_selector.options):
                 self.rank_selector.options = ranks
-                self.rank_selector.value = chosen if chosen in self.model.ranks else ranks[0][1]
+                self.rank_selector.value = self.rank
         finally:
             self._quiet = False
         iteration = self.iteration
@@ -212,6 +228,7 @@ class BucketMapView:
         data_changed = self._drawn is None or key != self._drawn[:3]
         self._drawn = (*key, self.cap_mb)
         self.status_html.value = self._status()
+        self.health_html.value = self._health()
         if iteration is None:
             _swap(self.map_figure, go.Figure(layout={"title": {"text": "No bucket data yet"}}))
             return
@@ -219,8 +236,7 @@ class BucketMapView:
             self.map_figure,
             figure_bucket_map(self.model, iteration, self.rank, what_if=self.what_if),
         )
-        if data_changed:  # the timeline and findings do not depend on the what-if cap
-            self.health_html.value = self._health()
+        if data_changed:  # the timeline does not depend on the what-if cap
             _swap(self.timeline_figure, figure_bucket_timeline(self.model, iteration, self.rank))
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:

@@ -224,8 +224,19 @@ def test_unready_parameter_is_named_with_cause_and_fix() -> None:
 def test_unready_with_find_unused_parameters_is_informational() -> None:
     run = FakeRun(mlp_params(2, 8), unready=["layers.0.bias"], find_unused_parameters=True)
     finding = bucket_map(run).health[0]
-    assert finding.kind == UNREADY and "marked them ready itself" in finding.message
+    assert finding.kind == UNREADY and "marks them ready itself" in finding.message
     assert "Expected to have finished" not in finding.message
+
+
+def test_unfinished_reduction_explains_differing_gradients() -> None:
+    # find_unused_parameters=False and a parameter without gradient: DDP never reduced,
+    # so every gradient is local and differs; that is the unready finding, not divergence.
+    run = FakeRun(mlp_params(2, 8), iterations=1, unready=["layers.1.bias"])
+    run.diverge = {1: ["layers.0.weight", "layers.0.bias"]}
+    (finding,) = bucket_map(run).health
+    assert finding.kind == UNREADY and "local gradients" in finding.message
+    run.static_graph = True  # DDP copes with unused parameters then: compare checksums
+    assert [f.kind for f in bucket_map(run).health] == [UNREADY, DIVERGENCE]
 
 
 def test_unready_on_one_rank_names_that_rank() -> None:
@@ -307,3 +318,23 @@ def test_thousand_parameters_in_about_a_hundred_buckets() -> None:
     bm = bucket_map(FakeRun(params, bucket_cap_mb=10 * 4096 / MIB, iterations=2))
     assert len(bm.observed(2)) == 100 and len(bm.observed(1)) == 1
     assert bm.compare(2).matches and bm.timeline(2).overlap_fraction > 0
+
+
+def test_iteration_without_any_gradient_and_repeated_parameters() -> None:
+    none_ready = {"backward_start": None, "backward_end": None, "ready_order": [], "ready_t": []}
+    events = [
+        watch(0),
+        watch(1),
+        iteration(0, 1, **none_ready, unready=["a.weight", "b.weight"]),
+        iteration(0, 2, repeated=["b.weight"]),
+        iteration(1, 2, repeated=["b.weight"], checksums={"a.weight": 1.5, "b.weight": 7.0}),
+    ]
+    bm = BucketMap(store_of(events))
+    assert bm.skipped == 0 and bm.timeline(1).approximate
+    record = bm.record(1)
+    assert record is not None and record.backward_start is None
+    unready, divergence = bm.health
+    assert unready.fqns == ["a.weight", "b.weight"] and divergence.fqns == ["b.weight"]
+    assert (
+        "got a gradient twice" in divergence.message and "use_reentrant=False" in divergence.message
+    )

@@ -192,7 +192,12 @@ def test_timeline_figure_shows_window_stages_and_total(mlp_map: BucketMap) -> No
 
 
 def test_health_table_rows() -> None:
-    run = FakeRun(mlp_params(2, 8), unready=["layers.1.bias"], diverge={3: ["layers.0.bias"]})
+    run = FakeRun(
+        mlp_params(2, 8),
+        unready=["layers.1.bias"],
+        find_unused_parameters=True,
+        diverge={3: ["layers.0.bias"]},
+    )
     bm = make_map(run)
     cells = figure_health(bm).to_dict()["data"][0]["cells"]["values"]
     assert cells[1] == ["unready", "unready", "unready", "divergence"]
@@ -289,3 +294,15 @@ def test_displaying_the_map_shows_the_view(
     (widget,) = shown
     assert isinstance(widget, widgets.VBox)
     assert Counter(type(c).__name__ for c in widget.children)["FigureWidget"] == 2
+
+
+def test_state_given_before_the_widget_exists(mlp_map: BucketMap) -> None:
+    view = BucketMapView(mlp_map, iteration=2, rank=1, cap_mb=0.002)
+    assert (view.iteration, view.rank, view.what_if) == (2, 1, {"bucket_cap_mb": 0.002})
+    view.widget  # noqa: B018
+    assert view.iteration_selector.value == 2 and view.rank_selector.value == 1
+    assert view.cap_slider.value == 0.002
+    assert planned_rows(view) == len(mlp_map.planned(2, bucket_cap_mb=0.002))
+    assert "iteration 2 · rank 1" in view.map_figure.layout.title.text
+    view.iteration_selector.value = 0  # back to following the latest
+    assert view.iteration == 3 and "iteration 3" in view.map_figure.layout.title.text

@@ -68,7 +68,7 @@ def scenario(modules: int) -> None:
         ("figure_bucket_map + to_dict", lambda: figure_bucket_map(bm, 3).to_dict()),
         ("figure_bucket_timeline", lambda: figure_bucket_timeline(bm, 3)),
         ("report_figures", lambda: report_figures(bm)),
-        ("widget: slider move -> both FigureWidgets redrawn", slide),
+        ("widget: slider move -> map FigureWidget redrawn", slide),
     ]
     for name, fn in rows:
         s = best(fn)

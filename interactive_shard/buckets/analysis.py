@@ -169,6 +169,17 @@ class Comparison:
         return [b.fqns for b in self.planned] == [b.fqns for b in self.observed]
 
     @property
+    def summary(self) -> str:
+        """The differences in one short line, without names (for a figure title)."""
+        n_planned, n_observed = self.bucket_counts
+        parts = [f"{n_observed} bucket(s) observed, {n_planned} planned"] * (
+            n_planned != n_observed
+        )
+        parts += [f"{len(self.moved)} parameter(s) in another bucket"] * bool(self.moved)
+        parts += [f"{len(self.reordered)} bucket(s) in another order"] * bool(self.reordered)
+        return "; ".join(parts) or "same buckets as planned"
+
+    @property
     def differences(self) -> list[str]:
         """Plain-words list of what differs (empty when the plan matches)."""
         out = []

@@ -12,13 +12,14 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from interactive_shard.buckets.figures import DIFF, MAX_LEGEND_MODULES, figure_bucket_map
+from interactive_shard.buckets.figures import figure_bucket_map
 from interactive_shard.buckets.figures_timeline import (
     NO_FINDINGS,
     figure_bucket_timeline,
     figure_health,
 )
 from interactive_shard.buckets.model import BucketMap
+from interactive_shard.buckets.segments import DIFF, MAX_LEGEND_MODULES
 from interactive_shard.buckets.synthetic import FakeParam, FakeRun, mlp_params
 from interactive_shard.buckets.view import BucketMapView, report_figures
 from interactive_shard.cluster.run import Run

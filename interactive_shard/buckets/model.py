@@ -191,8 +191,9 @@ class BucketMap:
         info = self.info
         if info is None:
             raise LookupError(
-                "no ddp_watch event in this run: call ish.watch(ddp_model) on the ranks "
-                "before the first backward to record the parameters"
+                "no ddp_watch event in this run: ish.watch(ddp_model) reports the model's "
+                "parameters and DDP settings in the cluster.run that calls it; call it on "
+                "every rank in the same run as the backwards you want to plan"
             )
         settings: dict[str, Any] = {
             # DDP ignores bucket_cap_mb when given a list (the probe may report both).

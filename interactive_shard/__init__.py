@@ -10,6 +10,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from interactive_shard.buckets.plan import plan_buckets
+from interactive_shard.buckets.probe import watch
 from interactive_shard.cluster import (
     Cluster,
     ClusterClosedError,
@@ -36,4 +38,6 @@ __all__ = [
     "launch",
     "listen",
     "load",
+    "plan_buckets",
+    "watch",
 ]

@@ -146,6 +146,10 @@ class Cluster:
         return list(self._rank_states)
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def latest_run(self) -> Run | None:
         return self._latest
 

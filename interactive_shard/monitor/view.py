@@ -109,7 +109,7 @@ class MonitorView:
             c = self._source
             where = (
                 f"Cluster · {c.nprocs} ranks · {c.backend} on {', '.join(sorted(set(c.devices)))}"
-                f" · {c.placement.start_method}"
+                f" · {c.placement.start_method}{' · closed' if c.closed else ''}"
             )
         what = f" · run {run.run_id}: {html.escape(run.store.info.name)}" if run else ""
         return f"<b>{where}</b>{what}"
@@ -119,6 +119,9 @@ class MonitorView:
     def widget(self) -> widgets.VBox:
         if self._widget is None:
             self._build()
+            # ui.live holds views weakly; the widget (kept by the kernel while shown)
+            # keeps its view alive, so a displayed monitor goes on refreshing.
+            self._widget._ish_view = self  # type: ignore[attr-defined]
             live.register(self)
         assert self._widget is not None
         return self._widget
@@ -127,7 +130,7 @@ class MonitorView:
         model = self._follow()
         n = len(self._states(model))
         self._title = widgets.HTML()
-        self._labels = [widgets.HTML(layout={"width": "170px"}) for _ in range(n)]
+        self._labels = [widgets.HTML(layout={"width": "260px"}) for _ in range(n)]
         self._bars = [
             widgets.IntProgress(min=0, max=1, value=0, layout={"width": "200px"}) for _ in range(n)
         ]

@@ -148,3 +148,10 @@ def save_screenshot(page: Page, path: str) -> None:
     page.wait_for_timeout(500)  # let JupyterLab lay the taller panel out
     page.screenshot(path=path, full_page=True)
     page.set_viewport_size(viewport)
+
+
+def save_widget_screenshots(page: Page, prefix: str, limit: int = 8) -> None:
+    """One picture per widget output (`<prefix>-widget<i>.png`): close-ups for docs and review."""
+    for i, output in enumerate(page.locator(PANEL).locator(WIDGET_OUTPUT).all()[:limit]):
+        output.scroll_into_view_if_needed()
+        output.screenshot(path=f"{prefix}-widget{i}.png")

@@ -32,6 +32,7 @@ from lab_page import (
     run_all,
     run_menu_command,
     save_screenshot,
+    save_widget_screenshots,
     wait_widgets_settled,
 )
 from lab_server import LabServer
@@ -220,6 +221,7 @@ def test_notebook_runs_and_renders(notebook: Path, lab: LabServer, browser: Brow
         settled = wait_widgets_settled(page, 1 if builds_figure else 0, WIDGET_TIMEOUT_S)
         rendered = rendered_outputs(page)
         save_screenshot(page, screenshot)
+        save_widget_screenshots(page, str(SCREENSHOTS / notebook.stem))
         saved = save_and_read(page, lab, name)
     finally:
         page.close()

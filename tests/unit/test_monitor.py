@@ -99,3 +99,16 @@ def test_live_figure_thins_long_lines_but_the_report_keeps_all() -> None:
     live = figure_scalars(model, LIVE_POINTS).data[0]
     assert len(live.x) <= LIVE_POINTS + 1 and live.x[-1] == 10_000  # the last point stays
     assert len(figure_scalars(model).data[0].x) == 10_000
+
+
+def test_a_displayed_view_stays_registered_for_live_refresh() -> None:
+    import gc
+
+    from interactive_shard.ui import live
+
+    store = _store()
+    widget = MonitorView(Run(store)).widget  # the caller keeps only the widget
+    gc.collect()
+    _feed(store, 2)
+    live.tick(force=True)
+    assert "step 2" in widget.children[1].children[0].value

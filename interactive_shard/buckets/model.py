@@ -50,7 +50,6 @@ class BucketMap:
         self._dirty: set[int] = set()  # iterations whose findings must be recomputed
         self._findings: dict[int, list[Finding]] = {}
         self._plans: OrderedDict[tuple[Any, ...], BucketPlan] = OrderedDict()
-        self._views: list[Any] = []  # displayed views, kept alive for ui.live
 
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
@@ -271,9 +270,7 @@ class BucketMap:
 
         from interactive_shard.buckets.view import BucketMapView
 
-        view = BucketMapView(self)
-        self._views.append(view)
-        display(view.widget)
+        display(BucketMapView(self).widget)  # the widget keeps its view alive
 
     def __repr__(self) -> str:
         its = self.iterations

@@ -135,6 +135,9 @@ class BucketMapView:
     def widget(self) -> widgets.VBox:
         if self._widget is None:
             self._build()
+            # ui.live holds views weakly; the widget (kept by the kernel while shown)
+            # keeps its view alive, so a displayed bucket map goes on refreshing.
+            self._widget._ish_view = self  # type: ignore[attr-defined]
             live.register(self)
         assert self._widget is not None
         return self._widget

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gc
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -307,3 +308,10 @@ def test_state_given_before_the_widget_exists(mlp_map: BucketMap) -> None:
     assert "iteration 2 · rank 1" in view.map_figure.layout.title.text
     view.iteration_selector.value = 0  # back to following the latest
     assert view.iteration == 3 and "iteration 3" in view.map_figure.layout.title.text
+
+
+def test_a_displayed_view_stays_live_without_other_references(mlp_map: BucketMap) -> None:
+    widget = BucketMapView(mlp_map).widget
+    gc.collect()
+    views = [v for v in live._views if isinstance(v, BucketMapView) and v._widget is widget]
+    assert len(views) == 1  # held by its widget, so ui.live still refreshes it

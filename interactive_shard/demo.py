@@ -21,8 +21,10 @@ def train(ctx: Any, steps: int = 30) -> dict[str, float]:
     model = nn.Sequential(
         nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)
     )
+    import interactive_shard as ish
+
     ddp = DDP(model, bucket_cap_mb=0.1)
-    _watch(ddp)
+    ish.watch(ddp)  # bucket map: what DDP's buckets hold and when each is reduced
     opt = torch.optim.Adam(ddp.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(1 + ctx.rank)  # each rank sees its own data
     w_true = torch.randn(32, 1, generator=torch.Generator().manual_seed(42))
@@ -39,14 +41,6 @@ def train(ctx: Any, steps: int = 30) -> dict[str, float]:
     dist.all_reduce(checksum)
     print(f"rank {ctx.rank}: final loss {loss.item():.4f}")
     return {"loss": loss.item(), "param_checksum": checksum.item() / ctx.world_size}
-
-
-def _watch(ddp: Any) -> None:
-    import interactive_shard as ish
-
-    watch = getattr(ish, "watch", None)
-    if watch is not None:
-        watch(ddp)
 
 
 def run_demo(out: Path, steps: int = 30) -> Path:

@@ -19,6 +19,7 @@ from interactive_shard.telemetry import rank as telemetry
 DDP_WATCH, BUCKET, DDP_ITERATION = "ddp_watch", "bucket", "ddp_iteration"
 CHECKSUM_MODES = ("sampled", "full", "off")
 SAMPLE = 4096  # at most this many elements per parameter in a "sampled" checksum
+_BLOCK = 16  # contiguous elements per sampled block
 
 
 class CommHookRegisteredError(RuntimeError):
@@ -180,7 +181,8 @@ def iteration_payload(
 
 
 def checksums(fqns: list[str], params: list[nn.Parameter], mode: str) -> dict[str, float]:
-    """Per-parameter float64 sum of ``.grad``: a strided sample, all of it, or nothing."""
+    """Per-parameter float64 sum of ``.grad``: a strided sample (``SAMPLE`` elements in
+    evenly spaced blocks of ``_BLOCK``), all of it, or nothing."""
     if mode == "off":
         return {}
     by_device: dict[torch.device, tuple[list[str], list[torch.Tensor]]] = {}
@@ -188,9 +190,13 @@ def checksums(fqns: list[str], params: list[nn.Parameter], mode: str) -> dict[st
         g = p.grad
         if g is None:
             continue
-        flat = g._values() if g.is_sparse else g.detach().reshape(-1)
+        flat = (g._values() if g.is_sparse else g.detach()).reshape(-1)
         if mode == "sampled" and flat.numel() > SAMPLE:
-            flat = flat[:: -(-flat.numel() // SAMPLE)]  # ceil stride: <= SAMPLE elements
+            # SAMPLE elements in blocks of one 64-byte line, spread evenly: one element
+            # every n/SAMPLE would touch a page per element (milliseconds on CPU).
+            blocks = SAMPLE // _BLOCK
+            stride = flat.numel() // blocks
+            flat = flat[: blocks * stride].view(blocks, stride)[:, :_BLOCK]
         names, parts = by_device.setdefault(flat.device, ([], []))
         names.append(fqn)
         parts.append(flat.sum(dtype=torch.float32 if flat.device.type == "mps" else torch.float64))

@@ -23,10 +23,11 @@ Algorithm:
    runs in the user's own backward even when parameters are reached in nested
    reentrant-checkpoint backwards), opens an iteration and queues an end callback.
 3. End of backward: the engine runs queued callbacks in FIFO order, and DDP queues
-   its finalize *after* ours (when its last bucket is launched; with ``static_graph``
-   iteration 1 even later, from the delayed all-reduce callback). So the callback
-   re-queues itself until one pass saw no comm-hook call since the previous one, and
-   then runs after DDP's finalize: ``.grad`` holds the reduced gradient.
+   its finalize *after* ours, when its last bucket is launched (measured: a callback
+   queued from the first hook still sees an unfinalized Reducer). So the callback
+   re-queues itself until one pass saw no comm-hook call since the previous one
+   (``static_graph`` iteration 1 launches every bucket from a callback of its own),
+   and then runs after DDP's finalize: ``.grad`` holds the reduced gradient.
 4. It emits ``ddp_iteration``: ready order, parameters that never got a gradient
    (``unready``: with ``find_unused_parameters=False`` the next forward will raise
    "Expected to have finished reduction"), parameters reached twice (``repeated``)
@@ -36,7 +37,8 @@ Algorithm:
 Caveats:
 
 * A comm hook cannot be unregistered: after ``detach()`` the hook keeps reducing
-  (same numerics), records nothing, and all other hooks are removed.
+  (same numerics) and records nothing; the other hooks are removed (the gradient
+  hooks stay where step 1 needs them).
 * An end callback that landed in a nested (reentrant) backward notices it
   (``torch._C._current_autograd_node()`` is the outer node then) and lets the next
   hook queue again; if none comes, the next forward emits the iteration.
@@ -237,32 +239,35 @@ class Probe:
     def _on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
         ready_t = _monotonic()
         self._hook_calls += 1
-        key = tuple(self._index_of[id(p)] for p in bucket.parameters())
+        params = bucket.parameters()
+        key = tuple(self._index_of.get(id(p), -1) for p in params)
         if self._detached:
-            return self._reduce(bucket, key)[0]
+            fut, _, unwrap = self._reduce(bucket, key)
+            return fut.then(_first) if unwrap else fut
         if not self._open:
             self._begin()
-        meta = self._bucket_meta.get(key) or self._meta(key)
+        meta = self._bucket_meta.get(key) or self._meta(key, params)
         buffer = bucket.buffer()
         nbytes = buffer.numel() * buffer.element_size()
         head = (self._iteration, bucket.index(), nbytes, bucket.is_last(), ready_t)
-        fut, start_t = self._reduce(bucket, key)
+        fut, start_t, unwrap = self._reduce(bucket, key)
 
         def done(f: torch.futures.Future) -> Any:
             # In .then rather than add_done_callback: DDP waits on the future this
             # returns, so the bucket event is out before DDP finalizes the iteration.
             data.emit_bucket(head, meta, start_t, _monotonic())
-            return f.value()
+            return f.value()[0] if unwrap else f.value()
 
         return fut.then(done)
 
     def _reduce(
         self, bucket: dist.GradBucket, key: tuple[int, ...]
-    ) -> tuple[torch.futures.Future, float]:
-        """The user's hook, or DDP's built-in reduction (Note step 1); and its start time."""
+    ) -> tuple[torch.futures.Future, float, bool]:
+        """The user's hook, or DDP's built-in reduction (Note step 1): its future, start
+        time, and whether the future's value is a list to unwrap (all_reduce's is)."""
         if self._user_hook is not None:
             start_t = _monotonic()
-            return self._user_hook(self._user_state, bucket), start_t
+            return self._user_hook(self._user_state, bucket), start_t, False
         buffer, ws = bucket.buffer(), self.world_size
         if buffer.is_sparse or not (self._scale_by_mul or self._grad_ptrs is not None):
             buffer.div_(ws)
@@ -274,12 +279,11 @@ class Probe:
                 view.div_(ws) if was_view else view.mul_(1.0 / ws)
         start_t = _monotonic()
         work = dist.all_reduce(buffer, group=self._group, async_op=True)
-        return work.get_future().then(_first), start_t
+        return work.get_future(), start_t, True
 
-    def _meta(self, key: tuple[int, ...]) -> tuple[list[Any], ...]:
-        params = [self._params[i] for i in key]
-        meta = (
-            [self.fqns[i] for i in key],
+    def _meta(self, key: tuple[int, ...], params: list[torch.Tensor]) -> tuple[list[Any], ...]:
+        meta = (  # -1: a parameter DDP reduces that was not in its list at watch time
+            [self.fqns[i] if i >= 0 else "<unknown>" for i in key],
             [list(p.shape) for p in params],
             [str(p.dtype) for p in params],
         )

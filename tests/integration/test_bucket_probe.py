@@ -188,9 +188,13 @@ def test_bucket_fqns_are_what_ddp_used(cluster: ish.Cluster) -> None:
 
 @pytest.mark.parametrize("hook", [None, default_hooks.allreduce_hook], ids=["default", "user"])
 @pytest.mark.parametrize("gabv", [False, True], ids=["copy", "bucket_view"])
-def test_gradients_are_bit_identical(cluster: ish.Cluster, hook: Any, gabv: bool) -> None:
-    plain = cluster.run(_train, "plain", 4, gabv=gabv, hook=hook).results
-    probed = cluster.run(_train, "probe", 4, gabv=gabv, hook=hook).results
+@pytest.mark.parametrize("graph", ["", "find_unused_parameters", "static_graph"])
+def test_gradients_are_bit_identical(
+    cluster: ish.Cluster, hook: Any, gabv: bool, graph: str
+) -> None:
+    kw = {graph: True} if graph else {}
+    plain = cluster.run(_train, "plain", 4, gabv=gabv, hook=hook, **kw).results
+    probed = cluster.run(_train, "probe", 4, gabv=gabv, hook=hook, **kw).results
     for a, b in zip(plain, probed, strict=True):
         for key in ("grads", "params"):
             assert all(torch.equal(x, y) for x, y in zip(a[key], b[key], strict=True)), key

@@ -20,7 +20,8 @@ from interactive_shard.buckets.model import BucketMap
 from interactive_shard.buckets.segments import DIFF, Row, bar_panel, module_groups
 
 ROW_PX, MAX_HEIGHT = 26, 1400
-LEGEND_ROW_PX, LEGEND_WIDTH_PX = 22, 1100
+# A JupyterLab output area is about 650-900 px wide: size the legend for the narrow end.
+LEGEND_ROW_PX, LEGEND_WIDTH_PX = 22, 600
 _UNITS = ((2**20, "MiB"), (2**10, "KiB"), (1, "B"))
 
 
@@ -58,7 +59,7 @@ def figure_bucket_map(
         comparison = compare(iteration, rank, planned, observed)
     except (LookupError, ValueError, TypeError) as e:
         error = str(e)
-    group_of, groups = module_groups(bucket_map)
+    modules = module_groups(bucket_map)
     moved = set(comparison.moved) if comparison else set()
     obs_rows = [Row(b.index, b.fqns, b.shapes, b.dtypes, b.nbytes) for b in observed]
     plan_rows = [Row(b.index, b.fqns, b.shapes, b.dtypes, b.nbytes) for b in planned or []]
@@ -68,8 +69,8 @@ def figure_bucket_map(
     scale, unit = _unit(largest)
 
     traces = [
-        *bar_panel(obs_rows, "", group_of, groups, moved, scale, True),
-        *bar_panel(plan_rows, "2", group_of, groups, moved, scale, not obs_rows),
+        *bar_panel(obs_rows, "", modules, moved, scale, True),
+        *bar_panel(plan_rows, "2", modules, moved, scale, not obs_rows),
         *(_diff_markers(comparison, scale) if comparison is not None else []),
     ]
     shapes, notes = [], []
@@ -79,20 +80,21 @@ def figure_bucket_map(
                 shapes.append(_vline(cap / scale, axis))
                 notes.append(_note(f"cap {_fmt_bytes(cap)}", cap / scale, f"x{axis}", 1.0))
             else:  # drawing it would squash every bar to a sliver
-                notes.append(_note(f"cap {_fmt_bytes(cap)} →", 1.0, f"x{axis} domain", 1.0))
+                text = f"cap {_fmt_bytes(cap)} →"
+                notes.append(_note(text, 1.0, f"x{axis} domain", 1.0, xanchor="right"))
     stage = _stage(bucket_map, iteration, what_if)
     verdict = _verdict(comparison, error, observed)
     info = bucket_map.info
     reported = sum(len(r.fqns) for r in obs_rows)
     if info and reported < len(info.fqns) and bucket_map.record(iteration, rank) is None:
         verdict = f"in progress: {reported} of {len(info.fqns)} parameters reported so far"
-    title = f"<b>DDP buckets · iteration {iteration} · rank {rank}</b> · {verdict}"
+    title = f"<b>DDP buckets · iteration {iteration} · rank {rank}</b><br>{verdict}"
     legend = [t["name"] for t in traces if t.get("showlegend")]
     layout = _layout(title, unit, (len(obs_rows), len(plan_rows)), legend)
     layout["shapes"] = shapes
     layout["annotations"] = [
-        _note(f"observed ({len(obs_rows)} buckets)", 0.23, "paper", 1.0, size=13, shift=22),
-        _note(f"planned: {stage} ({len(plan_rows)} buckets)", 0.77, "paper", 1.0, 13, 22),
+        _note(f"<b>observed</b>: {_count(obs_rows)}", 0.0, "paper", 1.0, 12, 22, "left"),
+        _note(f"<b>planned</b>: {_count(plan_rows)} ({stage})", 0.54, "paper", 1, 12, 22, "left"),
         *notes,
     ]
     # One constructor call: plotly validates dicts once, while add_traces/update_layout
@@ -114,7 +116,7 @@ def _stage(bm: BucketMap, iteration: int, what_if: Mapping[str, Any]) -> str:
         return "unavailable"
     stage = "rebuilt" if plan.iteration(iteration) is plan.rebuilt and plan.rebuilds else "initial"
     if what_if:
-        return f"{stage}, what if " + ", ".join(f"{k}={v}" for k, v in what_if.items())
+        return f"{stage}, what if " + ", ".join(f"{k}={_short(v)}" for k, v in what_if.items())
     return stage
 
 
@@ -172,13 +174,52 @@ def _vline(x: float, axis: str) -> dict[str, Any]:
     }
 
 
+def title_at_top(text: str) -> dict[str, Any]:
+    """A (two-line) title pinned to the figure's top left, whatever its height."""
+    return {
+        "text": text,
+        "font": {"size": 14},
+        "x": 0,
+        "xref": "paper",
+        "xanchor": "left",
+        "y": 1,
+        "yref": "container",
+        "yanchor": "top",
+        "pad": {"t": 12},
+    }
+
+
+def legend_rows(names: list[str]) -> int:
+    """Rows a horizontal legend needs, from its text width (about 6.5 px a character)."""
+    return math.ceil(sum(40 + 6.5 * len(name) for name in names) / LEGEND_WIDTH_PX)
+
+
+def _count(rows: Sequence[Any]) -> str:
+    return f"{len(rows)} bucket" + ("" if len(rows) == 1 else "s")
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_short, value)) + "]"
+    return str(value)
+
+
 def _note(
-    text: str, x: float, xref: str, y: float, size: int = 11, shift: int = 0
+    text: str,
+    x: float,
+    xref: str,
+    y: float,
+    size: int = 11,
+    shift: int = 0,
+    xanchor: str = "center",
 ) -> dict[str, Any]:
     return {
         "text": text,
         "x": x,
         "xref": xref,
+        "xanchor": xanchor,
         "y": y,
         "yref": "paper",
         "yshift": shift,  # pixels: subplot titles sit above the cap labels at any height
@@ -201,15 +242,12 @@ def _layout(title: str, unit: str, counts: tuple[int, int], legend: list[str]) -
             "zeroline": False,
         }
 
-    # Legend rows, estimated from the text width (about 6.5 px a character at size 11).
-    legend_rows = math.ceil(sum(40 + 6.5 * len(name) for name in legend) / LEGEND_WIDTH_PX)
-
     # Pixel budget: the legend sits at the bottom of the figure (container coordinates),
     # below a margin sized for its rows, so it never covers the axis titles.
-    bottom = 70 + LEGEND_ROW_PX * legend_rows
-    top = 100
+    bottom = 70 + LEGEND_ROW_PX * legend_rows(legend)
+    top = 100  # two title lines, the panel titles, then the cap labels
     return dict(
-        title={"text": title, "font": {"size": 14}},
+        title=title_at_top(title),
         barmode="overlay",
         bargap=0.25,
         height=min(MAX_HEIGHT, top + bottom + max(ROW_PX * rows, 90)),

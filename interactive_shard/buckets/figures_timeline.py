@@ -9,7 +9,12 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from interactive_shard.buckets.figures import figure_bucket_map
+from interactive_shard.buckets.figures import (
+    LEGEND_ROW_PX,
+    figure_bucket_map,
+    legend_rows,
+    title_at_top,
+)
 from interactive_shard.buckets.model import BucketMap
 
 WINDOW = "rgba(86, 180, 233, 0.18)"  # backward compute, light sky blue
@@ -83,14 +88,14 @@ def figure_bucket_timeline(bucket_map: BucketMap, iteration: int, rank: int = 0)
         headline = "no bucket reported for this iteration yet"
     if tl.approximate:
         headline += " · backward window estimated (no ddp_iteration event)"
+    bottom = 70 + LEGEND_ROW_PX * legend_rows([t["name"] for t in traces])
     layout = dict(
-        title={
-            "text": f"<b>Bucket reductions · iteration {iteration} · rank {rank}</b> · {headline}",
-            "font": {"size": 14},
-        },
+        title=title_at_top(
+            f"<b>Bucket reductions · iteration {iteration} · rank {rank}</b><br>{headline}"
+        ),
         barmode="overlay",
-        height=min(1400, 200 + 24 * (len(rows) + 1)),
-        margin={"l": 80, "r": 20, "t": 60, "b": 50},
+        height=min(1400, 80 + bottom + max(28 * (len(rows) + 1), 90)),
+        margin={"l": 80, "r": 20, "t": 80, "b": bottom},
         xaxis={"title": {"text": "ms since the first gradient was ready"}, "zeroline": True},
         yaxis={
             "tickmode": "array",
@@ -99,7 +104,7 @@ def figure_bucket_timeline(bucket_map: BucketMap, iteration: int, rank: int = 0)
             "range": [len(rows) - 0.5, -1.5],  # gradients, then bucket 0, on top
             "zeroline": False,
         },
-        legend={"orientation": "h", "y": -0.15, "yanchor": "top"},
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom"},
         shapes=[
             {
                 "type": "rect",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,21 +42,32 @@ def param_bytes(shape: Sequence[int], dtype: str) -> int:
     return math.prod(shape) * _itemsize(dtype)
 
 
-def module_groups(bm: BucketMap) -> tuple[dict[str, str], list[str]]:
-    """fqn -> legend group name, and the group names in registration order."""
+@dataclass(frozen=True)
+class Modules:
+    """Owning module of each parameter: the legend shows the module, hovers its type too."""
+
+    group_of: dict[str, str] = field(default_factory=dict)  # fqn -> module fqn
+    groups: list[str] = field(default_factory=list)  # module fqns, registration order
+    described: dict[str, str] = field(default_factory=dict)  # fqn -> "module (Type)"
+
+
+def module_groups(bm: BucketMap) -> Modules:
     info = bm.info
     if info is None:
-        return {}, []
-    names = [f"{m or '(root)'} · {t}" for m, t in zip(info.modules, info.module_types, strict=True)]
-    of = dict(zip(info.fqns, names, strict=True))
-    return of, list(dict.fromkeys(names))
+        return Modules()
+    names = [m or "(root)" for m in info.modules]
+    described = [f"{m} ({t})" for m, t in zip(names, info.module_types, strict=True)]
+    return Modules(
+        dict(zip(info.fqns, names, strict=True)),
+        list(dict.fromkeys(names)),
+        dict(zip(info.fqns, described, strict=True)),
+    )
 
 
 def bar_panel(
     rows: Sequence[Row],
     axis: str,
-    group_of: Mapping[str, str],
-    groups: list[str],
+    modules: Modules,
     highlight: set[str],
     scale: float,
     show_legend: bool,
@@ -67,6 +78,7 @@ def bar_panel(
     per-segment colour lists: plotly validates Python lists element by element, which
     made a 1,000-parameter figure ten times slower.
     """
+    groups, group_of = modules.groups, modules.group_of
     by_colour = len(groups) > MAX_LEGEND_MODULES
     position = {g: i for i, g in enumerate(groups)}
     cols: dict[str, _Columns] = {}
@@ -77,7 +89,8 @@ def bar_panel(
             size = param_bytes(shape, dtype)
             group = group_of.get(fqn, "(unknown module)")
             key = PALETTE[position.get(group, 0) % len(PALETTE)] if by_colour else group
-            hover = f"shape {list(shape)} · {dtype}<br>{size:,} bytes · {group}"
+            owner = modules.described.get(fqn, group)
+            hover = f"shape {list(shape)} · {dtype}<br>{size:,} bytes · {owner}"
             column = cols.setdefault(key, _Columns())
             for c in (column, moved) if fqn in highlight else (column,):
                 c.add(row, fqn, hover, size / scale, base / scale, size)

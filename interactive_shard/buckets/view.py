@@ -16,6 +16,7 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from interactive_shard.buckets.analysis import Finding
 from interactive_shard.buckets.figures import figure_bucket_map
 from interactive_shard.buckets.figures_timeline import (
     figure_bucket_timeline,
@@ -35,6 +36,8 @@ __all__ = [
 
 LATEST = 0  # iteration selector value that follows the newest iteration
 CAP_LOG2_MIN, CAP_LOG2_MAX = -14, 9  # what-if slider: 64 B .. 512 MiB, in MiB on a log2 scale
+CAP_STEP = 0.25  # in log2: four positions per doubling
+MAX_FINDINGS = 20  # listed in the widget; all are in BucketMap.health
 
 
 class BucketMapView:
@@ -123,12 +126,18 @@ class BucketMapView:
         findings = self.model.health
         if not findings:
             return "<b>Health:</b> no findings."
-        items = "".join(
-            f"<li><b>{f.kind}</b> (iteration {f.iteration}): {html.escape(f.message)}</li>"
-            for f in findings[:20]
-        )
-        more = f"<li>… {len(findings) - 20} more</li>" if len(findings) > 20 else ""
-        return f"<b>Health: {len(findings)} finding(s)</b><ul>{items}{more}</ul>"
+        # The same finding every iteration (an unused head) is listed once, with its span.
+        groups: dict[tuple[Any, ...], list[Finding]] = {}
+        for f in findings:
+            groups.setdefault((f.kind, tuple(f.ranks), tuple(f.fqns)), []).append(f)
+        items = []
+        for same in list(groups.values())[:MAX_FINDINGS]:
+            its = [f.iteration for f in same]
+            span = f"iteration {its[0]}" if len(its) == 1 else f"iterations {_span(its)}"
+            items.append(f"<li><b>{same[0].kind}</b> ({span}): {html.escape(same[0].message)}</li>")
+        more = len(groups) - MAX_FINDINGS
+        tail = f"<li>… {more} more: see <code>run.buckets.health</code></li>" if more > 0 else ""
+        return f"<b>Health: {len(findings)} finding(s)</b><ul>{''.join(items)}{tail}</ul>"
 
     # -- widgets ---------------------------------------------------------------------------
     @property
@@ -144,8 +153,8 @@ class BucketMapView:
 
     def _build(self) -> None:
         self.model.update()
-        info = self.model.info
-        recorded = info.cap_mb if info is not None else 25.0
+        recorded = self._recorded_cap()
+        low, high = _grid(recorded)
         self.iteration_selector = widgets.Dropdown(
             description="iteration", options=self._iteration_options(), value=self.chosen_iteration
         )
@@ -153,11 +162,11 @@ class BucketMapView:
             description="rank", options=self._rank_options(), value=self.rank
         )
         self.cap_slider = widgets.FloatLogSlider(
-            value=_clamp(self.cap_mb if self.cap_mb is not None else recorded),
+            value=_clamp(self.cap_mb) if self.cap_mb is not None else recorded,
             base=2,
-            min=CAP_LOG2_MIN,
-            max=CAP_LOG2_MAX,
-            step=0.25,
+            min=low,
+            max=high,
+            step=CAP_STEP,
             readout_format=".3g",
             description="what-if cap (MiB)",
             style={"description_width": "initial"},
@@ -193,16 +202,26 @@ class BucketMapView:
             self.refresh()
 
     def _on_cap(self, change: dict[str, Any]) -> None:
-        if not self._quiet:
-            self.cap_mb = float(change["new"])
-            self.refresh()
+        if self._quiet:
+            return
+        new = float(change["new"])
+        shown = _clamp(self.cap_mb) if self.cap_mb is not None else self._recorded_cap()
+        # A browser snaps the value to the slider's grid and sends it back: a move within
+        # half a step is that snap, not the user's choice (it would turn the what-if on).
+        if abs(math.log2(new) - math.log2(shown)) < CAP_STEP / 2:
+            return
+        self.cap_mb = new
+        self.refresh()
+
+    def _recorded_cap(self) -> float:
+        info = self.model.info
+        return _clamp(info.cap_mb if info is not None else 25.0)
 
     def _on_reset(self, _button: widgets.Button | None = None) -> None:
         self.cap_mb = None
-        info = self.model.info
         self._quiet = True
         try:
-            self.cap_slider.value = _clamp(info.cap_mb if info is not None else 25.0)
+            self.cap_slider.value = self._recorded_cap()
         finally:
             self._quiet = False
         self.refresh()
@@ -260,6 +279,25 @@ def _swap(target: go.FigureWidget, fig: go.Figure) -> None:
         target.update_layout(layout, overwrite=True)
         target.layout.shapes = layout.get("shapes", ())
         target.layout.annotations = layout.get("annotations", ())
+
+
+def _span(iterations: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3, 7"."""
+    runs: list[list[int]] = []
+    for it in iterations:
+        if runs and it == runs[-1][-1] + 1:
+            runs[-1].append(it)
+        else:
+            runs.append([it])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _grid(recorded: float) -> tuple[float, float]:
+    """Slider bounds (log2) whose grid passes through the recorded cap, so that a browser
+    snapping the slider to its grid leaves the recorded value where it is."""
+    at = math.log2(recorded)
+    low = at - math.ceil((at - CAP_LOG2_MIN) / CAP_STEP) * CAP_STEP
+    return low, low + math.ceil((CAP_LOG2_MAX - low) / CAP_STEP) * CAP_STEP
 
 
 def _clamp(cap_mb: float) -> float:

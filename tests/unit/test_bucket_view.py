@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import gc
+import math
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -101,10 +102,9 @@ def test_segments_coloured_by_owning_module_with_hover(mlp_map: BucketMap) -> No
     fig = figure_bucket_map(mlp_map, 2)
     traces = bars(fig, "x") + bars(fig, "x2")
     colour_of = {t["name"]: t["marker"]["color"] for t in traces}
-    assert colour_of["layers.0 · Linear"] == PALETTE[0]
-    assert colour_of["layers.3 · Linear"] == PALETTE[3]
-    for t in traces:  # one module per trace, named in every hover
-        assert all(h.endswith(t["name"]) for h in t["hovertext"])
+    assert colour_of["layers.0"] == PALETTE[0] and colour_of["layers.3"] == PALETTE[3]
+    for t in traces:  # one module per trace, named (with its type) in every hover
+        assert all(h.endswith(f"{t['name']} (Linear)") for h in t["hovertext"])
     assert {t["showlegend"] for t in bars(fig, "x2")} == {False}  # legend once
     assert "%{text}" in traces[0]["hovertemplate"]  # the fqn
     (hover, numbers) = next(
@@ -113,7 +113,7 @@ def test_segments_coloured_by_owning_module_with_hover(mlp_map: BucketMap) -> No
         for fqn, h, cd in zip(t["text"], t["hovertext"], t["customdata"], strict=True)
         if fqn == "layers.0.weight"
     )
-    assert hover == "shape [32, 32] · torch.float32<br>4,096 bytes · layers.0 · Linear"
+    assert hover == "shape [32, 32] · torch.float32<br>4,096 bytes · layers.0 (Linear)"
     assert numbers[0] == 4096  # bytes, bucket index, bucket bytes
 
 
@@ -315,3 +315,26 @@ def test_a_displayed_view_stays_live_without_other_references(mlp_map: BucketMap
     gc.collect()
     views = [v for v in live._views if isinstance(v, BucketMapView) and v._widget is widget]
     assert len(views) == 1  # held by its widget, so ui.live still refreshes it
+
+
+def test_a_browser_snapping_the_slider_does_not_start_a_what_if(mlp_map: BucketMap) -> None:
+    view = BucketMapView(mlp_map)
+    view.widget  # noqa: B018
+    slider = view.cap_slider
+    steps = (math.log2(slider.value) - slider.min) / slider.step
+    assert steps == pytest.approx(round(steps))  # the recorded cap lies on the grid
+    slider.value = slider.value * 2 ** (slider.step / 3)  # what a front end's snap looks like
+    assert view.cap_mb is None and "what if" not in view.status_html.value
+    slider.value = 2 ** (math.log2(slider.value) - slider.step)  # one notch: the user
+    assert view.cap_mb is not None and "what if" in view.status_html.value
+
+
+def test_health_list_groups_a_finding_repeated_every_iteration() -> None:
+    run = FakeRun(mlp_params(2, 8), iterations=4, unready=["layers.1.bias"])
+    run.find_unused_parameters = True
+    run.diverge = {3: ["layers.0.weight"]}
+    view = BucketMapView(make_map(run))
+    view.widget  # noqa: B018
+    text = view.health_html.value
+    assert "5 finding(s)" in text and text.count("<li>") == 2
+    assert "<b>unready</b> (iterations 1-4)" in text and "<b>divergence</b> (iteration 3)" in text

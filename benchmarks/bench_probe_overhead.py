@@ -8,8 +8,9 @@ layers, >= 25M parameters) and wraps each in its own DDP:
 * ``hook``: DDP + torch's Python ``allreduce_hook``, to separate the cost of being a
   Python comm hook from the probe's own bookkeeping.
 
-A step is forward, backward and ``zero_grad``. Steps of the variants alternate one by
-one, in an order that rotates, so load from other processes hits all of them alike. Step times are
+A step is a training step: forward, backward, SGD ``step`` and ``zero_grad``. Steps of
+the variants alternate one by one, in an order that rotates, so load from other
+processes hits all of them alike. Step times are
 rank 0's (DDP's all-reduce keeps the ranks in step). Prints, per variant, the median
 and lower quartile step time and three ratios to ``plain``: of medians, of lower
 quartiles (less sensitive to other load on the machine) and the median of paired
@@ -40,14 +41,16 @@ def _build(ctx: Any, layers: int, width: int) -> int:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    models = {}
+    models, optimizers = {}, {}
     for name in VARIANTS:
         torch.manual_seed(0)
         net = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
         models[name] = DDP(net)
+        optimizers[name] = torch.optim.SGD(net.parameters(), lr=1e-4)
     ctx.state["probe"] = ish.watch(models["probe"])
     models["hook"].register_comm_hook(None, default_hooks.allreduce_hook)
     ctx.state["models"] = models
+    ctx.state["optimizers"] = optimizers
     return sum(p.numel() for p in models["plain"].parameters())
 
 
@@ -60,10 +63,11 @@ def _round(ctx: Any, steps: int, batch: int, width: int, rotate: int) -> dict[st
     for i in range(steps):
         k = (i + rotate) % len(VARIANTS)
         for name in VARIANTS[k:] + VARIANTS[:k]:
-            ddp = ctx.state["models"][name]
+            ddp, opt = ctx.state["models"][name], ctx.state["optimizers"][name]
             t0 = time.perf_counter()
             ddp(x).square().mean().backward()
-            ddp.zero_grad(set_to_none=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
             times[name].append(time.perf_counter() - t0)
     return times
 

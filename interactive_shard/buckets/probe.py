@@ -105,6 +105,11 @@ def _probe_comm_hook(probe, bucket):  # type: ignore[no-untyped-def]
     return probe._on_bucket(bucket)
 
 
+def _current_run() -> int | None:
+    emitter = telemetry.emitter()
+    return None if emitter is None else emitter.run
+
+
 def _first(fut: torch.futures.Future) -> torch.Tensor:
     return fut.value()[0]
 
@@ -158,6 +163,10 @@ class Probe:
         self._handles.append(ddp.register_forward_hook(self._after_forward))
         payload = data.watch_payload(ddp, rows, self.world_size, user_hook, checksum)
         telemetry.emit(data.DDP_WATCH, payload)
+        # A model watched in one cluster.run and trained in the next: describe it
+        # again in every run it works in, so each run's bucket map can plan.
+        self._watch_payload = payload
+        self._announced_in = _current_run()
 
     @property
     def iteration(self) -> int:
@@ -221,6 +230,10 @@ class Probe:
         if not self._open:
             self._open = True
             self._iteration += 1
+            run = _current_run()
+            if run != self._announced_in:
+                self._announced_in = run
+                telemetry.emit(data.DDP_WATCH, self._watch_payload)
         if _task_id() != -1:
             self._queued = True
             self._calls_seen = -1

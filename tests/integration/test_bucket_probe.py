@@ -351,3 +351,25 @@ def test_watch_rejects_what_it_cannot_watch() -> None:
     with pytest.raises(TypeError, match="DistributedDataParallel"):
         ish.watch(object())  # type: ignore[arg-type]
     assert Probe.detach is Probe.remove
+
+
+def _build_watched(ctx: Any) -> None:
+    ddp = DDP(_mlp(), bucket_cap_mb=0.002)
+    ctx.state["probe_model"] = (ddp, ish.watch(ddp))
+
+
+def _step_watched(ctx: Any, steps: int) -> None:
+    ddp, _ = ctx.state["probe_model"]
+    for _ in ctx.steps(steps):
+        ddp(torch.randn(8, 16)).pow(2).sum().backward()
+
+
+def test_a_model_watched_in_one_run_is_mapped_in_the_next(cluster: ish.Cluster) -> None:
+    cluster.run(_build_watched)
+    first = cluster.run(_step_watched, 2)
+    second = cluster.run(_step_watched, 2)
+    for run, iterations in ((first, [1, 2]), (second, [3, 4])):
+        assert run.buckets.iterations == iterations
+        last = iterations[-1]
+        planned = [b.fqns for b in run.buckets.planned(last)]
+        assert planned == [b.fqns for b in run.buckets.observed(last, rank=1)]

@@ -40,7 +40,7 @@ CAP_STEP = 0.25  # in log2: four positions per doubling
 MAX_FINDINGS = 20  # listed in the widget; all are in BucketMap.health
 
 
-class BucketMapView:
+class BucketMapView(live.LazyWidget):
     """Live view of a ``BucketMap``; ``widget`` is built on first use.
 
     State first: ``iteration`` (None follows the latest), ``rank`` and the what-if
@@ -140,17 +140,6 @@ class BucketMapView:
         return f"<b>Health: {len(findings)} finding(s)</b><ul>{''.join(items)}{tail}</ul>"
 
     # -- widgets ---------------------------------------------------------------------------
-    @property
-    def widget(self) -> widgets.VBox:
-        if self._widget is None:
-            self._build()
-            # ui.live holds views weakly; the widget (kept by the kernel while shown)
-            # keeps its view alive, so a displayed bucket map goes on refreshing.
-            self._widget._ish_view = self  # type: ignore[attr-defined]
-            live.register(self)
-        assert self._widget is not None
-        return self._widget
-
     def _build(self) -> None:
         self.model.update()
         recorded = self._recorded_cap()

@@ -62,7 +62,7 @@ def _trace_keys(fig: go.Figure | go.FigureWidget) -> list[str]:
     return [t.name for t in fig.data]
 
 
-class MonitorView:
+class MonitorView(live.LazyWidget):
     """Live monitor of a Run, or of a Cluster's latest run. The widget is built lazily."""
 
     def __init__(self, source: Run | Cluster) -> None:
@@ -115,17 +115,6 @@ class MonitorView:
         return f"<b>{where}</b>{what}"
 
     # -- widgets ---------------------------------------------------------------------------
-    @property
-    def widget(self) -> widgets.VBox:
-        if self._widget is None:
-            self._build()
-            # ui.live holds views weakly; the widget (kept by the kernel while shown)
-            # keeps its view alive, so a displayed monitor goes on refreshing.
-            self._widget._ish_view = self  # type: ignore[attr-defined]
-            live.register(self)
-        assert self._widget is not None
-        return self._widget
-
     def _build(self) -> None:
         model = self._follow()
         n = len(self._states(model))

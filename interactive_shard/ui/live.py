@@ -12,7 +12,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,34 @@ _INTERVAL = 1.0 / MAX_HZ
 
 class LiveView(Protocol):
     def refresh(self) -> None: ...
+
+
+class LazyWidget:
+    """Base of the views: ``widget`` is built on first use (``_build`` sets ``_widget``)
+    and then kept live; the state stays usable without any widget."""
+
+    _widget: Any = None
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    def refresh(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def closed(self) -> bool:
+        """The widget was built and then closed (``widget.close()``): nothing to redraw."""
+        return self._widget is not None and getattr(self._widget, "comm", True) is None
+
+    @property
+    def widget(self) -> Any:
+        if self._widget is None:
+            self._build()
+            # ui.live holds views weakly; the widget (kept by the kernel while shown)
+            # keeps its view alive, so a displayed view goes on refreshing.
+            self._widget._ish_view = self
+            register(self)
+        return self._widget
 
 
 class Throttle:
@@ -53,6 +81,9 @@ def tick(*, force: bool = False) -> None:
     if not _throttle.ready(force=force):
         return
     for view in list(_views):
+        if getattr(view, "closed", False):
+            _views.discard(view)
+            continue
         try:
             view.refresh()
         except Exception:  # a broken view must not break the run

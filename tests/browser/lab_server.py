@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from support import kill_tree
 
 # JupyterLab settings written before start: no news or update pop-ups over the
 # notebook, and every cell kept in the DOM (the default windowing leaves
@@ -161,15 +162,6 @@ class LabServer:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_tree(self.proc.pid, descendants)
         self.proc.wait()
-        for child in descendants:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(descendants, timeout=10)
         self.proc = None

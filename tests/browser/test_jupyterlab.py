@@ -37,6 +37,7 @@ from lab_page import (
 )
 from lab_server import LabServer
 from playwright.sync_api import BrowserContext, ConsoleMessage, Page, ViewportSize, sync_playwright
+from support import notebook_params, notebooks_dir
 
 pytestmark = pytest.mark.browser
 
@@ -64,19 +65,6 @@ SAVE_TIMEOUT_S = 30
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 # Regexes of console errors JupyterLab logs in a healthy run (none seen so far).
 BENIGN_CONSOLE_ERRORS: tuple[str, ...] = ()
-
-
-def notebooks_dir() -> Path:
-    return Path(os.environ.get("ISH_NOTEBOOKS_DIR") or REPO_ROOT / "notebooks").resolve()
-
-
-def notebook_params() -> list[object]:
-    folder = notebooks_dir()
-    found = sorted(folder.glob("*.ipynb")) if folder.is_dir() else []
-    if found:
-        return [pytest.param(path, id=path.name) for path in found]
-    reason = f"no notebooks in {folder} (ISH_NOTEBOOKS_DIR overrides the folder)"
-    return [pytest.param(None, id="no-notebooks", marks=pytest.mark.skip(reason=reason))]
 
 
 @pytest.fixture(scope="module")
@@ -221,8 +209,9 @@ def test_notebook_runs_and_renders(notebook: Path, lab: LabServer, browser: Brow
         settled = wait_widgets_settled(page, 1 if builds_figure else 0, WIDGET_TIMEOUT_S)
         rendered = rendered_outputs(page)
         save_screenshot(page, screenshot)
-        save_widget_screenshots(page, str(SCREENSHOTS / notebook.stem))
         saved = save_and_read(page, lab, name)
+        # After saving: scrolling widgets into view can steal the File menu's focus.
+        save_widget_screenshots(page, str(SCREENSHOTS / notebook.stem))
     finally:
         page.close()
         with contextlib.suppress(OSError):  # a dead server must not hide the failure

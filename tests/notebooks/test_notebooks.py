@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
+from support import kill_tree, notebook_params, notebooks_dir
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
@@ -32,44 +32,6 @@ NOTEBOOK_TIMEOUT_S = 1500
 OUTPUT_TAIL_CHARS = 20_000
 # Kernel tracebacks are coloured; the colour codes only clutter a failure report.
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def notebooks_dir() -> Path:
-    return Path(os.environ.get("ISH_NOTEBOOKS_DIR") or REPO_ROOT / "notebooks").resolve()
-
-
-def notebook_params() -> list[object]:
-    folder = notebooks_dir()
-    found = sorted(folder.glob("*.ipynb")) if folder.is_dir() else []
-    if found:
-        return [pytest.param(path, id=path.name) for path in found]
-    reason = (
-        f"no notebooks in {folder}: add notebooks/NN-topic.ipynb, "
-        "or set ISH_NOTEBOOKS_DIR to a folder of notebooks"
-    )
-    return [pytest.param(None, id="no-notebooks", marks=pytest.mark.skip(reason=reason))]
-
-
-def kill_tree(proc: subprocess.Popen[str]) -> None:
-    """Kill a child and everything it started.
-
-    Kernels run in sessions of their own, so killing the child's process
-    group alone would leave them (and their rank processes) behind.
-    """
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        descendants = []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for child in descendants:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(descendants, timeout=10)
 
 
 def run_nbval(notebook: Path, work: Path) -> tuple[int, str]:
@@ -110,7 +72,7 @@ def run_nbval(notebook: Path, work: Path) -> tuple[int, str]:
     try:
         output, _ = proc.communicate(timeout=NOTEBOOK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        kill_tree(proc)
+        kill_tree(proc.pid)
         output, _ = proc.communicate()
         output += f"\n[timed out after {NOTEBOOK_TIMEOUT_S} s]"
         return -1, ANSI_ESCAPE.sub("", output)

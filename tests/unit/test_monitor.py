@@ -112,3 +112,12 @@ def test_a_displayed_view_stays_registered_for_live_refresh() -> None:
     _feed(store, 2)
     live.tick(force=True)
     assert "step 2" in widget.children[1].children[0].value
+
+
+def test_a_closed_view_leaves_the_live_registry() -> None:
+    from interactive_shard.ui import live
+
+    view = MonitorView(Run(_store()))
+    view.widget.close()
+    live.tick(force=True)
+    assert view not in live._views

@@ -1,0 +1,53 @@
+"""Helpers the notebook and browser tests share."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def notebooks_dir() -> Path:
+    """``notebooks/``, or the folder ``ISH_NOTEBOOKS_DIR`` names."""
+    return Path(os.environ.get("ISH_NOTEBOOKS_DIR") or REPO_ROOT / "notebooks").resolve()
+
+
+def notebook_params() -> list[object]:
+    """One pytest param per notebook; a skipped one that says why when there are none."""
+    folder = notebooks_dir()
+    found = sorted(folder.glob("*.ipynb")) if folder.is_dir() else []
+    if found:
+        return [pytest.param(path, id=path.name) for path in found]
+    reason = (
+        f"no notebooks in {folder}: add notebooks/NN-topic.ipynb, "
+        "or set ISH_NOTEBOOKS_DIR to a folder of notebooks"
+    )
+    return [pytest.param(None, id="no-notebooks", marks=pytest.mark.skip(reason=reason))]
+
+
+def kill_tree(pid: int, descendants: list[psutil.Process] | None = None) -> None:
+    """Kill process group ``pid`` and every descendant (collected first if not given).
+
+    Kernels run in sessions of their own, so killing the group alone would leave them
+    (and their rank processes) behind.
+    """
+    if descendants is None:
+        try:
+            descendants = psutil.Process(pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            descendants = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(descendants, timeout=10)

@@ -144,9 +144,9 @@ class MonitorView(live.LazyWidget):
             status = model.ranks[r] if model else None
             step = f" · step {status.step}" if status and status.step else ""
             color = STATE_COLORS.get(state, "#999")
-            self._labels[
-                r
-            ].value = f"<span style='color:{color}'>●</span> rank {r} <b>{state}</b>{step}"
+            dot = f"<span style='color:{color}'>●</span>"
+            label = f"{dot} rank {r} <b>{state}</b>{step}"
+            self._labels[r].value = f"<span style='white-space:nowrap'>{label}</span>"
             bar = self._bars[r]
             if status and status.total:
                 bar.max, bar.value = status.total, min(status.step, status.total)

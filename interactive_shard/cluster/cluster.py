@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import linecache
 import logging
 import os
 import pickle
@@ -37,9 +36,8 @@ import warnings
 import weakref
 from typing import Any
 
-import cloudpickle
-
 from interactive_shard.cluster import options
+from interactive_shard.cluster._support import Resources, pickle_call, preimport_for_fork, weak
 from interactive_shard.cluster.errors import RankError
 from interactive_shard.cluster.procs import Generation, describe_exit
 from interactive_shard.cluster.run import Run
@@ -100,7 +98,7 @@ class Cluster:
             cuda_initialized=torch.cuda.is_initialized(),
         )
         if self.placement.start_method == "fork":
-            _preimport_for_fork()
+            preimport_for_fork()
         self.nprocs = nprocs
         self.timeout = float(timeout)
         self.restart_on_failure = restart_on_failure
@@ -116,7 +114,7 @@ class Cluster:
         self._generation_no = 0
         self._closed = False
         collector = Collector(
-            _weak(self._on_batch), host=telemetry_host, port=telemetry_port, token=telemetry_token
+            weak(self._on_batch), host=telemetry_host, port=telemetry_port, token=telemetry_token
         )
         store = dist.TCPStore(
             "127.0.0.1", 0, None, True,
@@ -124,7 +122,7 @@ class Cluster:
         )  # fmt: skip
         # Everything that must be released, held apart from self so that garbage
         # collection of the Cluster can run the finalizer (no orphan ranks).
-        self._res = _Resources(collector, store)
+        self._res = Resources(collector, store)
         self._finalizer = weakref.finalize(self, self._res.close)
         try:
             self._start()
@@ -168,7 +166,7 @@ class Cluster:
         self._ready_for_run()
         if not callable(fn):
             raise TypeError(f"cluster.run needs a function fn(ctx, ...), got {fn!r}.")
-        payload = _pickle_call(fn, args, kwargs)
+        payload = pickle_call(fn, args, kwargs)
         run_id = next(_run_ids)
         import torch
 
@@ -268,9 +266,9 @@ class Cluster:
         self._res.gen = Generation(
             configs,
             self.placement.start_method,
-            _weak(self._on_message),
-            _weak(self._on_output),
-            _weak(self._on_exit),
+            weak(self._on_message),
+            weak(self._on_output),
+            weak(self._on_exit),
         )
         deadline = time.monotonic() + self.timeout + 30  # spawn imports torch first
         gen = self._gen
@@ -436,67 +434,3 @@ class Cluster:
                 if not run._pending():
                     return
                 run._cond.wait(0.05)
-
-
-def _pickle_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    # cloudpickle renames the code's file to "<dynamic-code>"; ship the source of fn's
-    # file (often a notebook cell) under that name so rank tracebacks show code lines.
-    code = getattr(fn, "__code__", None)
-    lines = linecache.getlines(code.co_filename) if code is not None else []
-    sources = {"<dynamic-code>": (sum(map(len, lines)), None, lines, "<dynamic-code>")}
-    try:
-        return cloudpickle.dumps((fn, args, kwargs, sources))
-    except Exception as exc:
-        raise TypeError(
-            f"cannot send {getattr(fn, '__qualname__', fn)!r} and its arguments to the ranks: "
-            f"{exc}. Pass plain data, tensors or modules as arguments; create open files, "
-            "locks or sockets inside the function."
-        ) from exc
-
-
-def _preimport_for_fork() -> None:
-    """Import what every DDP rank imports, once, in the kernel, before forking.
-
-    ``DDP.__init__`` reads a dynamo setting, which imports torch._dynamo (about 480
-    modules, 1-2 s) in each rank; imported here, forked ranks share it and reach their
-    first step in tens of milliseconds. Done synchronously: forking while another
-    thread is mid-import can deadlock the child.
-    """
-    try:
-        import torch._dynamo  # noqa: F401
-    except Exception:  # an optional speed-up: never a reason not to start
-        log.debug("pre-importing torch._dynamo failed", exc_info=True)
-
-
-def _weak(method: Any) -> Any:
-    """A callback that does not keep its Cluster alive (so garbage collection can stop it)."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*args: Any) -> None:
-        bound = ref()
-        if bound is not None:
-            bound(*args)
-
-    return call
-
-
-class _Resources:
-    """What a Cluster must release; closing is idempotent and never raises."""
-
-    def __init__(self, collector: Collector, store: Any) -> None:
-        self.collector = collector
-        self.store = store
-        self.gen: Generation | None = None
-
-    def close(self) -> None:
-        gen, self.gen = self.gen, None
-        if gen is not None:
-            try:
-                gen.stop(graceful=False)
-            except Exception:
-                log.exception("stopping ranks failed")
-        try:
-            self.collector.close()
-        except Exception:
-            log.exception("closing the telemetry collector failed")
-        self.store = None

@@ -13,7 +13,6 @@ Set ISH_NOTEBOOKS_DIR to test the notebooks of another folder.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import SCREENSHOTS
 from lab_page import (
     WIDGET_ERRORS,
     RenderedOutputs,
@@ -36,27 +36,13 @@ from lab_page import (
     wait_widgets_settled,
 )
 from lab_server import LabServer
-from playwright.sync_api import BrowserContext, ConsoleMessage, Page, ViewportSize, sync_playwright
+from playwright.sync_api import BrowserContext, ConsoleMessage, Page
 from support import notebook_params, notebooks_dir
 
 pytestmark = pytest.mark.browser
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-SCREENSHOTS = HERE / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_INSTALL = "apt-get install -y --no-install-recommends chromium chromium-driver"
-# Flags measured to work for Debian's Chromium headless, as root, offline.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-VIEWPORT: ViewportSize = {"width": 1400, "height": 900}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 OPEN_TIMEOUT_S = 90
 RUN_TIMEOUT_S = 240
@@ -65,17 +51,6 @@ SAVE_TIMEOUT_S = 30
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 # Regexes of console errors JupyterLab logs in a healthy run (none seen so far).
 BENIGN_CONSOLE_ERRORS: tuple[str, ...] = ()
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
-    if path:
-        return path
-    message = f"Chromium not found at {CHROMIUM} or on PATH; install it: `{CHROMIUM_INSTALL}`"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{message} (CI=true, so browser tests may not be skipped)", pytrace=False)
-    pytest.skip(message)
 
 
 def copy_with_outputs_cleared(src: Path, dst: Path) -> None:
@@ -102,22 +77,6 @@ def lab(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext]:
-    with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")),
-            executable_path=chromium,
-            args=CHROMIUM_ARGS,
-            headless=True,
-            viewport=VIEWPORT,
-        )
-        try:
-            yield context
-        finally:
-            context.close()
 
 
 def save_and_read(page: Page, server: LabServer, name: str) -> nbformat.NotebookNode:

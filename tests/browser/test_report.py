@@ -1,0 +1,40 @@
+"""The main job's report renders offline in Chromium: every figure drawn, nothing fetched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import SCREENSHOTS
+from playwright.sync_api import BrowserContext, Route
+
+from interactive_shard.demo import run_demo
+
+pytestmark = pytest.mark.browser
+
+
+def test_demo_report_renders_offline(browser: BrowserContext, tmp_path: Path) -> None:
+    index = run_demo(tmp_path / "demo", steps=5)
+    fetched: list[str] = []
+
+    def offline(route: Route) -> None:
+        if route.request.url.startswith("file:"):
+            route.continue_()
+        else:  # the report must not need the network
+            fetched.append(route.request.url)
+            route.abort()
+
+    page = browser.new_page()
+    try:
+        page.route("**/*", offline)
+        page.goto(index.as_uri())
+        plots = page.locator(".js-plotly-plot .plot-container")
+        plots.first.wait_for(timeout=30_000)
+        # Scalars, bucket map of iteration 1 and of the latest, timeline, health table.
+        assert plots.count() >= 5
+        assert "DDP gradient buckets" in page.inner_text("body")
+        SCREENSHOTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "demo-report.png"), full_page=True)
+    finally:
+        page.close()
+    assert fetched == []

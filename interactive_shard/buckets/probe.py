@@ -144,6 +144,7 @@ class Probe:
         self._armed = True  # the last forward prepared DDP for a reducing backward
         self._open = self._queued = self._detached = False
         self._ready: list[tuple[int, float]] = []
+        self._reduced: list[tuple[Any, ...]] = []  # buckets of this iteration, to emit
         self._hook_calls, self._calls_seen = 0, -1
 
         try:
@@ -267,8 +268,10 @@ class Probe:
 
         def done(f: torch.futures.Future) -> Any:
             # In .then rather than add_done_callback: DDP waits on the future this
-            # returns, so the bucket event is out before DDP finalizes the iteration.
-            data.emit_bucket(head, meta, start_t, _monotonic())
+            # returns, so the bucket is recorded before DDP finalizes the iteration.
+            # Only a list append here: this runs on the backend's thread, holding the
+            # GIL, between two reductions; the events go out at the end of backward.
+            self._reduced.append((head, meta, start_t, _monotonic()))
             return f.value()[0] if unwrap else f.value()
 
         return fut.then(done)
@@ -308,6 +311,9 @@ class Probe:
         self._open = self._queued = self._armed = False
         if self._detached:
             return
+        reduced, self._reduced = self._reduced, []
+        for bucket in reduced:
+            data.emit_bucket(*bucket)
         payload = data.iteration_payload(
             self._iteration, ready, self.fqns, self._params, self.checksum
         )

@@ -264,3 +264,32 @@ def test_two_clusters_live_side_by_side(cluster: ish.Cluster) -> None:
         assert second.results == [30.0, 30.0]
         assert first.wait().results == [3.0, 3.0]
         assert cluster.telemetry[0] != other.telemetry[0]
+
+
+def test_views_update_live_during_a_blocking_run(cluster: ish.Cluster) -> None:
+    from interactive_shard.monitor.view import MonitorView
+
+    view = MonitorView(cluster)
+    widget = view.widget
+    seen: list[tuple[float, str]] = []
+    refresh = view.refresh
+
+    def counting_refresh() -> None:
+        refresh()
+        seen.append((time.monotonic(), widget.children[1].children[0].value))
+
+    view.refresh = counting_refresh  # type: ignore[method-assign]
+
+    def slow_train(ctx):
+        for step in ctx.steps(20):
+            ctx.emit("scalar", name="loss", value=1.0 / step)
+            time.sleep(0.05)
+
+    start = time.monotonic()
+    cluster.run(slow_train)
+    elapsed = time.monotonic() - start
+    during = [label for t, label in seen if t < start + elapsed - 0.1]
+    assert any("running" in label and "step 20" not in label for label in during)
+    assert 3 <= len(seen) <= 10 * elapsed + 2  # live, and at most 10 redraws a second
+    assert "finished" in seen[-1][1] and "step 20" in seen[-1][1]
+    widget.close()

@@ -116,7 +116,11 @@ def _stage(bm: BucketMap, iteration: int, what_if: Mapping[str, Any]) -> str:
         return "unavailable"
     stage = "rebuilt" if plan.iteration(iteration) is plan.rebuilt and plan.rebuilds else "initial"
     if what_if:
-        return f"{stage}, what if " + ", ".join(f"{k}={_short(v)}" for k, v in what_if.items())
+        # Short: the subplot title has half the figure's width.
+        names = {"bucket_cap_mb": "cap", "bucket_cap_mb_list": "caps"}
+        return f"{stage}, if " + ", ".join(
+            f"{names.get(k, k)}={_short(v)}" for k, v in what_if.items()
+        )
     return stage
 
 

@@ -150,7 +150,7 @@ def test_differences_are_outlined_red_and_marked(mlp_map: BucketMap) -> None:
     assert [t["showlegend"] for t in marks] == [True] + [False] * (len(marks) - 1)
     title = fig.to_dict()["layout"]["title"]["text"]
     assert "differs" in title and "planned" in title
-    assert any("what if bucket_cap_mb=0.002" in a["text"] for a in fig.layout.annotations)
+    assert any("if cap=0.002" in a["text"] for a in fig.layout.annotations)
 
 
 def test_many_modules_share_one_trace_per_colour() -> None:

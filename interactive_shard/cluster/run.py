@@ -145,7 +145,8 @@ class Run:
         for e in events:
             if e.kind == schema.LOG:
                 stream = sys.stderr if e.payload.get("stream") == "stderr" else sys.stdout
-                print(f"[rank {e.rank}] {e.payload.get('text', '')}", file=stream)
+                # The cell's own stream, not logging: this is the ranks' output itself.
+                stream.write(f"[rank {e.rank}] {e.payload.get('text', '')}\n")
 
     # -- models and views -----------------------------------------------------------------
     @cached_property

@@ -64,6 +64,10 @@ def check_no_hook(ddp: DistributedDataParallel, probe_hook: object) -> None:
         )
     if hooks:
         raise CommHookRegisteredError(already_hooked(qualname(hooks[0][0])))
+    # A built-in (C++) hook leaves no Python trace but DDP's logger names it.
+    builtin = ddp._get_ddp_logging_data().get("comm_hook") if hasattr(ddp, "logger") else None
+    if builtin:
+        raise CommHookRegisteredError(already_hooked(str(builtin)))
 
 
 def already_hooked(name: str) -> str:

@@ -11,7 +11,12 @@ show the whole reduction without touching DDP's code. Events: docs/bucket-events
 
 Algorithm:
 
-1. ``watch`` registers ``_probe_comm_hook`` (DDP allows one hook per model, so the
+0. Without a user hook, ``watch`` puts a process group in front of the Reducer's
+   (``_spy.py``): DDP reduces exactly as it would unwatched, in C++, and the spy notes
+   when each bucket's all-reduce starts and ends; the Reducer's bucket layout gives
+   each launch its parameters. Where that private API is missing, and always with a
+   user hook, step 1 applies.
+1. Otherwise ``watch`` registers ``_probe_comm_hook`` (DDP allows one hook per model, so the
    user's hook is passed to ``watch`` and called from ours). With no user hook it
    reduces exactly as the Reducer's built-in path: it scales each gradient by the
    world size as ``Reducer::mark_variable_ready_dense`` would have (``x * (1/ws)``
@@ -25,7 +30,8 @@ Algorithm:
 3. End of backward: the engine runs queued callbacks in FIFO order, and DDP queues
    its finalize *after* ours, when its last bucket is launched (measured: a callback
    queued from the first hook still sees an unfinalized Reducer). So the callback
-   re-queues itself until one pass saw no comm-hook call since the previous one
+   re-queues itself until one pass saw no comm-hook call (or spied all-reduce) since
+   the previous one
    (``static_graph`` iteration 1 launches every bucket from a callback of its own),
    and then runs after DDP's finalize: ``.grad`` holds the reduced gradient.
 4. It emits ``ddp_iteration``: ready order, parameters that never got a gradient
@@ -42,10 +48,11 @@ Caveats:
 * An end callback that landed in a nested (reentrant) backward notices it
   (``torch._C._current_autograd_node()`` is the outer node then) and lets the next
   hook queue again; if none comes, the next forward emits the iteration.
-* Cost: besides a few Python calls per parameter and bucket, the default reduction
-  makes one extra pass over the gradients (the Reducer fuses the scaling into its
-  copy into the bucket, a comm hook cannot); torch's own ``allreduce_hook`` pays the
-  same. ``benchmarks/bench_probe_overhead.py`` measures it.
+* Cost: step 0 adds only Python bookkeeping (gradient hooks, checksums, events).
+  The comm hook of step 1 costs what any Python comm hook costs: one more pass over
+  the gradients (the Reducer fuses the scaling into its copy into the bucket only
+  without a hook) and a Python callback per bucket.
+  ``benchmarks/bench_probe_overhead.py`` measures it.
 * Not reproduced bit for bit: ``create_graph=True`` gradients (the Reducer divides
   those) and ``Join`` with uneven inputs (it changes the divisor). The python reducer
   (compiled autograd) and DDP native mixed precision are not supported.
@@ -66,6 +73,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves
 
 from interactive_shard.buckets import _probe_data as data
+from interactive_shard.buckets import _spy
 from interactive_shard.buckets._probe_data import CommHookRegisteredError
 from interactive_shard.telemetry import rank as telemetry
 
@@ -94,6 +102,11 @@ def watch(
     Events: ``ddp_watch`` now, then ``bucket`` and ``ddp_iteration`` every step.
     """
     data.check_watchable(ddp_model, checksum, comm_hook, state)
+    earlier = getattr(ddp_model, "_ish_probe", None)
+    if earlier is not None and earlier.attached:
+        raise CommHookRegisteredError(
+            "ish.watch was already called on this DDP model: keep the Probe it returned."
+        )
     data.check_no_hook(ddp_model, _probe_comm_hook)
     return Probe(ddp_model, comm_hook, state, checksum)
 
@@ -147,15 +160,23 @@ class Probe:
         self._reduced: list[tuple[Any, ...]] = []  # buckets of this iteration, to emit
         self._hook_calls, self._calls_seen = 0, -1
 
-        try:
-            ddp.register_comm_hook(self, _probe_comm_hook)
-        except RuntimeError as exc:  # a built-in (C++) hook leaves no trace in _comm_hooks
-            hooks = getattr(ddp, "_comm_hooks", None)
-            if hooks and hooks[-1][0] is _probe_comm_hook:
-                hooks.pop()  # DDP appended ours before the Reducer refused it
-            if "only be called once" in str(exc):
-                raise CommHookRegisteredError(data.already_hooked("a built-in hook")) from exc
-            raise
+        self._launches: list[_spy.Launch] = []  # this iteration's spied all-reduces
+        self._layout: list[tuple[tuple[int, ...], tuple[list[Any], ...]]] = []
+        self._layout_key: tuple[int, ...] = ()
+        # Note step 0: without a user hook, watch DDP's own reductions from a process
+        # group in front of the real one (no comm hook, DDP's numerics and speed).
+        self._spy = _spy.attach(ddp, self._on_launch) if user_hook is None else None
+        if self._spy is None:
+            try:
+                ddp.register_comm_hook(self, _probe_comm_hook)
+            except RuntimeError as exc:  # a built-in (C++) hook leaves no trace in _comm_hooks
+                hooks = getattr(ddp, "_comm_hooks", None)
+                if hooks and hooks[-1][0] is _probe_comm_hook:
+                    hooks.pop()  # DDP appended ours before the Reducer refused it
+                if "only be called once" in str(exc):
+                    raise CommHookRegisteredError(data.already_hooked("a built-in hook")) from exc
+                raise
+        ddp._ish_probe = self  # type: ignore[attr-defined]  # a second watch is refused
         self._handles = [
             p.register_post_accumulate_grad_hook(self._grad_hook(i))
             for i, p in enumerate(self._params)
@@ -182,6 +203,8 @@ class Probe:
         """Stop recording. DDP cannot unregister a comm hook: the probe's stays and keeps
         reducing exactly as before; every other hook is removed."""
         self._detached = True
+        if self._spy is not None:
+            _spy.detach(self.ddp, self._spy)
         # The gradient hooks stay where the built-in scaling needs them (Note step 1).
         keep = len(self._params) if self._grad_ptrs is not None and not self._user_hook else 0
         for handle in self._handles[keep:]:
@@ -297,6 +320,40 @@ class Probe:
         work = dist.all_reduce(buffer, group=self._group, async_op=True)
         return work.get_future(), start_t, True
 
+    def _on_launch(self, launch: _spy.Launch) -> None:
+        if self._armed and not self._detached:
+            self._hook_calls += 1  # as a comm-hook call: the end callback waits (step 3)
+            self._launches.append(launch)
+
+    def _emit_spied(self, ready: list[tuple[int, float]]) -> None:
+        """Bucket events from the spied all-reduces: launch k is bucket k (Note step 0)."""
+        launches, self._launches = self._launches, []
+        if not launches:
+            return
+        key = tuple(numel for _, numel, _, _ in launches)
+        # The Reducer rebuilds its buckets once, by iteration 3; a rebuild can keep the
+        # sizes (one bucket, new order), so ask it for the layout until then.
+        if self._iteration <= 3 or key != self._layout_key:
+            self._layout_key = key
+            self._layout = []
+            for params in _spy.layout(self.ddp):
+                index = tuple(self._index_of.get(id(p), -1) for p in params)
+                self._layout.append(
+                    (index, self._bucket_meta.get(index) or self._meta(index, params))
+                )
+        last_ready = dict(ready)  # a parameter ready twice counts at its last time
+        for k, (start_t, numel, size, end_t) in enumerate(launches[: len(self._layout)]):
+            index, meta = self._layout[k]
+            ready_t = max((last_ready.get(i, start_t) for i in index), default=start_t)
+            head = (
+                self._iteration,
+                k,
+                numel * size,
+                k == len(self._layout) - 1,
+                min(ready_t, start_t),
+            )
+            data.emit_bucket(head, meta, start_t, end_t if end_t is not None else start_t)
+
     def _meta(self, key: tuple[int, ...], params: list[torch.Tensor]) -> tuple[list[Any], ...]:
         meta = (  # -1: a parameter DDP reduces that was not in its list at watch time
             [self.fqns[i] if i >= 0 else "<unknown>" for i in key],
@@ -314,6 +371,8 @@ class Probe:
         reduced, self._reduced = self._reduced, []
         for bucket in reduced:
             data.emit_bucket(*bucket)
+        if self._spy is not None:
+            self._emit_spied(ready)
         payload = data.iteration_payload(
             self._iteration, ready, self.fqns, self._params, self.checksum
         )

@@ -1,0 +1,92 @@
+"""Observe DDP's reductions without a comm hook: a process group in front of the real one.
+
+Why: a Python comm hook costs every step (one more pass over the gradients, because the
+Reducer fuses the 1/world_size scaling into its copy only without a hook, and a Python
+callback per bucket on the critical path). The Reducer can be pointed at another process
+group (``Reducer._update_process_group``); this one forwards every collective to the
+real backends and only notes when each bucket's all-reduce starts and ends. DDP's own
+C++ path (and so every bit of its numerics) is unchanged.
+
+Caveats: private torch API, so ``attach`` returns None where it is missing or fails and
+the probe falls back to its comm hook. The Reducer launches buckets in index order, so
+the k-th floating-point all-reduce of an iteration is bucket k; integer all-reduces (the
+used-parameter map of ``find_unused_parameters``) are not buckets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+# (start time, element count, element size, end time or None)
+Launch = list[Any]
+
+
+class SpyGroup(dist.ProcessGroup):
+    def __init__(self, inner: dist.ProcessGroup, on_launch: Callable[[Launch], None]) -> None:
+        super().__init__(inner.rank(), inner.size())
+        self.inner = inner
+        self._on_launch = on_launch
+        # Collectives not overridden here dispatch to these: the real backends.
+        for device in ("cpu", "cuda"):
+            try:
+                backend = inner._get_backend(torch.device(device))
+            except RuntimeError:
+                continue
+            self._register_backend(torch.device(device), _backend_type(backend), backend)
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        work = (
+            self.inner.allreduce(tensors) if opts is None else self.inner.allreduce(tensors, opts)
+        )
+        tensor = tensors[0]
+        if tensor.is_floating_point():
+            launch: Launch = [time.monotonic(), tensor.numel(), tensor.element_size(), None]
+            work.get_future().then(lambda _f: launch.__setitem__(3, time.monotonic()))
+            self._on_launch(launch)
+        return work
+
+    def getBackendName(self) -> str:
+        return self.inner.getBackendName() if hasattr(self.inner, "getBackendName") else "spy"
+
+
+def _backend_type(backend: Any) -> Any:
+    name = type(backend).__name__.lower()
+    types = dist.ProcessGroup.BackendType
+    return types.NCCL if "nccl" in name else types.GLOO if "gloo" in name else types.CUSTOM
+
+
+def attach(ddp: Any, on_launch: Callable[[Launch], None]) -> SpyGroup | None:
+    """Put a spy in front of DDP's process group; None where this torch cannot."""
+    reducer = getattr(ddp, "reducer", None)
+    needed = ("_update_process_group", "_get_zeros_like_grad_buckets")
+    if reducer is None or not all(hasattr(reducer, n) for n in needed):
+        return None
+    if any(getattr(p, "_is_sparse_grad", False) for p in ddp.parameters()) or getattr(
+        ddp, "sparse_gradient", False
+    ):
+        return None
+    try:
+        spy = SpyGroup(ddp.process_group, on_launch)
+        reducer._update_process_group(spy)
+    except Exception:  # older or different torch: the comm hook path still works
+        log.debug("process-group spy unavailable; using a comm hook", exc_info=True)
+        return None
+    return spy
+
+
+def detach(ddp: Any, spy: SpyGroup) -> None:
+    ddp.reducer._update_process_group(spy.inner)
+
+
+def layout(ddp: Any) -> list[list[torch.nn.Parameter]]:
+    """The Reducer's current buckets, by index: their parameters in GradBucket order."""
+    buckets = sorted(ddp.reducer._get_zeros_like_grad_buckets(), key=lambda b: b.index())
+    return [list(b.parameters()) for b in buckets]

@@ -9,11 +9,11 @@ Each rank builds same-seeded copies of one model (a stack of 2048x2048 Linear la
   Python comm hook from the probe's own bookkeeping;
 * ``plain-view`` / ``probe-view``: the same with ``gradient_as_bucket_view=True``.
 
-Why both: by default the Reducer copies each gradient into its bucket and fuses the
-1/world_size scaling into that copy, which no comm hook can do, so any comm hook
-(torch's own too) pays one more pass over the gradients: on a CPU-bound machine that
-pass is most of the probe's cost. With bucket-view gradients the Reducer scales in
-place, as the probe does, and what remains is the probe's own bookkeeping.
+Why both: the probe watches DDP's own C++ reduction (a process group in front of
+the Reducer's), so it should cost the same with copied and with bucket-view
+gradients; ``hook`` shows what a Python comm hook would cost instead (one more pass
+over the gradients and a Python callback per bucket). Step times on a 2-core machine
+vary by a few percent from run to run: pass ``--rounds 12`` for a steadier figure.
 
 A step is a training step: forward, backward, SGD ``step`` and ``zero_grad``. Steps of
 the variants alternate one by one, in an order that rotates, so load from other

@@ -13,7 +13,7 @@ Why both: the probe watches DDP's own C++ reduction (a process group in front of
 the Reducer's), so it should cost the same with copied and with bucket-view
 gradients; ``hook`` shows what a Python comm hook would cost instead (one more pass
 over the gradients and a Python callback per bucket). Step times on a 2-core machine
-vary by a few percent from run to run: pass ``--rounds 12`` for a steadier figure.
+vary by a few percent from run to run, hence 12 rounds by default.
 
 A step is a training step: forward, backward, SGD ``step`` and ``zero_grad``. Steps of
 the variants alternate one by one, in an order that rotates, so load from other
@@ -86,7 +86,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=10, help="steps of each variant per round")
     args = parser.parse_args()
 

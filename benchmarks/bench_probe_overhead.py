@@ -24,7 +24,7 @@ quartiles (less sensitive to other load on the machine) and the median of paired
 ratios (step i of a variant over step i of its baseline, run back to back); the last
 line is a JSON summary. Target: paired probe/plain <= 1.03.
 
-    python benchmarks/bench_probe_overhead.py [--layers 6] [--batch 32] [--rounds 6] [--steps 10]
+    python benchmarks/bench_probe_overhead.py [--layers 6] [--batch 32] [--rounds 12] [--steps 10]
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ Section = Callable[["Run"], list[tuple[str, list[go.Figure]]]]
 
 def _monitor_section(run: Run) -> list[tuple[str, list[go.Figure]]]:
     model = run.monitor
-    model.update()
     return [("Scalars", [figure_scalars(model)])] if model.scalars else []
 
 

@@ -55,6 +55,7 @@ class Run:
         self._error: BaseException | None = None
         self._finished = cluster is None  # a loaded run is complete
         self._echo_cursor = 0
+        self._monitor: MonitorModel | None = None
 
     # -- reports from the cluster's supervisor / collector threads -------------------
     def _reply(self, rank: int, outcome: str, value: Any = None) -> None:
@@ -149,11 +150,13 @@ class Run:
                 stream.write(f"[rank {e.rank}] {e.payload.get('text', '')}\n")
 
     # -- models and views -----------------------------------------------------------------
-    @cached_property
+    @property
     def monitor(self) -> MonitorModel:
-        model = MonitorModel(self.store)
-        model.update()
-        return model
+        """Per-rank state, steps, logs and scalars, current as of this access."""
+        if self._monitor is None:
+            self._monitor = MonitorModel(self.store)
+        self._monitor.update()  # a live run keeps adding events
+        return self._monitor
 
     @cached_property
     def buckets(self) -> BucketMap:

@@ -293,3 +293,16 @@ def test_views_update_live_during_a_blocking_run(cluster: ish.Cluster) -> None:
     assert 3 <= len(seen) <= 10 * elapsed + 2  # live, and at most 10 redraws a second
     assert "finished" in seen[-1][1] and "step 20" in seen[-1][1]
     widget.close()
+
+
+def test_monitor_of_a_background_run_is_current(cluster: ish.Cluster) -> None:
+    def train(ctx):
+        for step in ctx.steps(3):
+            ctx.emit("scalar", name="loss", value=float(step))
+            time.sleep(0.2)
+
+    run = cluster.run(train, wait=False)
+    early = run.monitor.scalars.get("loss", {}).get(0)
+    early_count = len(early.values) if early else 0
+    run.wait()
+    assert early_count < 3 and run.monitor.scalars["loss"][0].values == [1.0, 2.0, 3.0]

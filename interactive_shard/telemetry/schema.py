@@ -17,6 +17,9 @@ from typing import Any
 import msgspec
 
 SCHEMA_VERSION = 1
+# The most ranks a run may have: a bound on what a header or a message may claim, so
+# per-rank state allocated from it stays small (real jobs are far below it).
+MAX_WORLD_SIZE = 65_536
 
 # Built-in event kinds. Features add their own (e.g. "bucket").
 LOG = "log"  # payload: stream ("stdout" | "stderr"), text (one line)

@@ -4,41 +4,31 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from interactive_shard.monitor.view import figure_scalars
+from interactive_shard.features import FEATURES
 
 if TYPE_CHECKING:
     from interactive_shard.cluster.run import Run
 
-# A section builder returns (title, figures) pairs; empty when the run has nothing for it.
-Section = Callable[["Run"], list[tuple[str, list[go.Figure]]]]
 
-
-def _monitor_section(run: Run) -> list[tuple[str, list[go.Figure]]]:
-    model = run.monitor
-    return [("Scalars", [figure_scalars(model)])] if model.scalars else []
-
-
-def _bucket_section(run: Run) -> list[tuple[str, list[go.Figure]]]:
-    if not run.store.of_kind("ddp_watch"):
-        return []
-    from interactive_shard.buckets.view import report_figures
-
-    figures = report_figures(run.buckets)
-    return [("DDP gradient buckets", figures)] if figures else []
-
-
-SECTIONS: list[Section] = [_monitor_section, _bucket_section]
+def _sections(run: Run) -> list[tuple[str, list[go.Figure]]]:
+    """(title, figures) of every feature that has something to show, in list order."""
+    out = []
+    for feature in FEATURES:
+        if feature.recorded_in(run.store):
+            figures = feature.report_figures(run.model(feature.name))
+            if figures:
+                out.append((feature.title, figures))
+    return out
 
 
 def _rank_table(run: Run) -> str:
-    model = run.monitor
+    model = run.model("monitor")
     rows = "".join(
         f"<tr><td>{r}</td><td>{s.state.value}</td><td>{s.step}</td>"
         f"<td><pre>{html.escape(chr(10).join(s.logs))}</pre></td></tr>"
@@ -61,10 +51,9 @@ def write_report(run: Run, path: str | os.PathLike[str]) -> Path:
         f" · interactive_shard {html.escape(info.package_version)} · {len(run.store)} events</p>",
         _rank_table(run),
     ]
-    for section in SECTIONS:
-        for title, figures in section(run):
-            parts.append(f"<h2>{html.escape(title)}</h2>")
-            parts.extend(f.to_html(full_html=False, include_plotlyjs=False) for f in figures)
+    for title, figures in _sections(run):
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        parts.extend(f.to_html(full_html=False, include_plotlyjs=False) for f in figures)
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>interactive_shard · {html.escape(info.name)}</title>"

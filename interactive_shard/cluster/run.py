@@ -6,17 +6,16 @@ import os
 import sys
 import threading
 import time
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from interactive_shard import features
 from interactive_shard.cluster.errors import RankError
-from interactive_shard.monitor.model import MonitorModel, RankState
+from interactive_shard.monitor.model import RankState
 from interactive_shard.telemetry import recording, schema
 from interactive_shard.telemetry.store import RunStore
 
 if TYPE_CHECKING:
-    from interactive_shard.buckets.model import BucketMap
     from interactive_shard.cluster.cluster import Cluster
 
 # After one rank fails, wait this long for the others to report before deciding.
@@ -55,7 +54,7 @@ class Run:
         self._error: BaseException | None = None
         self._finished = cluster is None  # a loaded run is complete
         self._echo_cursor = 0
-        self._monitor: MonitorModel | None = None
+        self._models: dict[str, Any] = {}
 
     # -- reports from the cluster's supervisor / collector threads -------------------
     def _reply(self, rank: int, outcome: str, value: Any = None) -> None:
@@ -149,21 +148,16 @@ class Run:
                 # The cell's own stream, not logging: this is the ranks' output itself.
                 stream.write(f"[rank {e.rank}] {e.payload.get('text', '')}\n")
 
-    # -- models and views -----------------------------------------------------------------
-    @property
-    def monitor(self) -> MonitorModel:
-        """Per-rank state, steps, logs and scalars, current as of this access."""
-        if self._monitor is None:
-            self._monitor = MonitorModel(self.store)
-        self._monitor.update()  # a live run keeps adding events
-        return self._monitor
-
-    @cached_property
-    def buckets(self) -> BucketMap:
-        """The DDP bucket map observed by ``ish.watch`` probes in this run."""
-        from interactive_shard.buckets.model import BucketMap
-
-        return BucketMap(self.store)
+    # -- models and views -------------------------------------------------------------
+    # run.monitor, run.buckets, ...: one attribute per entry of features.FEATURES, added
+    # below the class (see _FeatureModel); a feature never edits this file.
+    def model(self, name: str) -> Any:
+        """The model of feature ``name`` for this run, current as of this call."""
+        found = self._models.get(name)
+        if found is None:
+            found = self._models[name] = features.feature(name).build_model(self.store)
+        found.update()  # a live run keeps adding events
+        return found
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write this run as a JSONL recording (``ish.load(path)`` replays it)."""
@@ -189,6 +183,21 @@ class Run:
             f"Run(id={self.run_id}, {status}, world_size={self.store.info.world_size}, "
             f"events={len(self.store)})"
         )
+
+
+class _FeatureModel:
+    """``run.<name>``: the feature's model of the run, brought up to date on access."""
+
+    def __init__(self, feature: features.Feature) -> None:
+        self.name = feature.name
+        self.__doc__ = f"{feature.title}: the {feature.model.rpartition(':')[2]} of this run."
+
+    def __get__(self, run: Run | None, owner: type[Run]) -> Any:
+        return self if run is None else run.model(self.name)
+
+
+for _feature in features.FEATURES:
+    setattr(Run, _feature.name, _FeatureModel(_feature))
 
 
 def load(path: str | os.PathLike[str]) -> Run:

@@ -1,0 +1,104 @@
+"""The feature list: what every view of the package contributes, declared in one place.
+
+A feature is a folder (``monitor/``, ``buckets/``, ...) and one entry in ``FEATURES``.
+``Run`` (``run.<name>``), ``run.to_html``, the demo, display and ``ish.watch`` walk
+this list; none of them names a feature. Adding a feature adds a folder and a line
+here: nothing in ``cluster/run.py`` or ``report.py`` changes.
+
+Entries name their parts as ``"module:attribute"`` strings, imported on first use,
+so that importing the package (or writing a report) imports no widget library, and
+no feature folder imports another through this list.
+
+An entry's parts:
+
+* ``kinds``: the event kinds its model reads (``docs/events.md`` lists them all).
+* ``model``: ``Model(store)``; it consumes the store's new events in ``update()``.
+* ``figures``: a pure function ``model -> list[go.Figure]`` for the report (a figure
+  module: plotly only, no ipywidgets).
+* ``view``: ``View(model)`` with a lazily built ``.widget``; what display shows.
+* ``probe``: ``"module"`` with ``fits(obj) -> bool``, ``OPTIONS`` (the keyword
+  arguments it takes) and ``attach(obj, **options)`` returning a handle with
+  ``detach()``; ``ish.watch`` attaches every probe whose ``fits`` accepts the object.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def load(ref: str) -> Any:
+    """Import ``"package.module:attribute"`` (or a whole module when there is no colon)."""
+    module, _, attribute = ref.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, attribute) if attribute else found
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One view of a run: its events, model, report figures, widget and probe."""
+
+    name: str  # the Run attribute: run.<name>
+    title: str  # the report section's heading
+    model: str
+    view: str
+    figures: str
+    kinds: frozenset[str] = field(default_factory=frozenset)
+    probe: str | None = None
+    always: bool = False  # in the report even when none of its kinds was recorded
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"Feature name {self.name!r} must be a Python identifier")
+
+    def build_model(self, store: Any) -> Any:
+        return load(self.model)(store)
+
+    def view_of(self, model: Any) -> Any:
+        return load(self.view)(model)
+
+    def report_figures(self, model: Any) -> list[Any]:
+        return list(load(self.figures)(model))
+
+    def recorded_in(self, store: Any) -> bool:
+        """Whether the store holds anything this feature reads."""
+        return self.always or any(store.of_kind(kind) for kind in self.kinds)
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature(
+        name="monitor",
+        title="Scalars",
+        model="interactive_shard.monitor.model:MonitorModel",
+        view="interactive_shard.monitor.view:MonitorView",
+        figures="interactive_shard.monitor.figures:report_figures",
+        kinds=frozenset({"log", "scalar", "progress", "state"}),
+        always=True,
+    ),
+    Feature(
+        name="buckets",
+        title="DDP gradient buckets",
+        model="interactive_shard.buckets.model:BucketMap",
+        view="interactive_shard.buckets.view:BucketMapView",
+        figures="interactive_shard.buckets.figures_timeline:report_figures",
+        kinds=frozenset({"ddp_watch", "bucket", "ddp_iteration"}),
+        probe="interactive_shard.buckets.probe",
+    ),
+)
+
+
+def feature(name: str) -> Feature:
+    for f in FEATURES:
+        if f.name == name:
+            return f
+    raise KeyError(f"no feature {name!r}; features are {[f.name for f in FEATURES]}")
+
+
+def feature_of_model(model: object) -> Feature:
+    """The feature whose model class ``model`` is an instance of (for display)."""
+    for f in FEATURES:
+        module, _, cls = f.model.partition(":")
+        if type(model).__module__ == module and type(model).__name__ == cls:
+            return f
+    raise LookupError(f"{type(model).__qualname__} is not the model of any feature")

@@ -7,6 +7,8 @@ error that says how to fix it; the hooks that run every step live in ``probe.py`
 from __future__ import annotations
 
 import inspect
+from bisect import bisect_right
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -137,7 +139,7 @@ def emit_bucket(
     head: tuple[int, int, int, bool, float],
     meta: tuple[list[str], list[list[int]], list[str]],
     start_t: float,
-    end_t: float,
+    end_t: float | None,
 ) -> None:
     iteration, index, nbytes, is_last, ready_t = head
     fqns, shapes, dtypes = meta
@@ -156,6 +158,26 @@ def emit_bucket(
             "is_last": is_last,
         },
     )
+
+
+def ready_at(ready: list[tuple[int, float]]) -> Callable[[int, float], float]:
+    """``at(i, t)``: when parameter ``i`` was last ready at or before ``t`` (``t`` if never),
+    from the ``(param index, time)`` list of one backward, in time order. A parameter
+    ready twice (reentrant checkpoint) has its bucket launched after the first arrival:
+    that arrival made the bucket ready, not the later one (Note [DDP bucket probe])."""
+    last = dict(ready)
+    if len(last) == len(ready):  # each parameter ready once: the usual case, no search
+        return lambda i, t: last.get(i, t)
+    arrivals: dict[int, list[float]] = {}
+    for i, t in ready:
+        arrivals.setdefault(i, []).append(t)
+
+    def at(i: int, t: float) -> float:
+        times = arrivals.get(i, [])
+        j = bisect_right(times, t)
+        return times[j - 1] if j else t
+
+    return at
 
 
 def iteration_payload(

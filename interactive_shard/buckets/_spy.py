@@ -11,6 +11,11 @@ Caveats: private torch API, so ``attach`` returns None where it is missing or fa
 the probe falls back to its comm hook. The Reducer launches buckets in index order, so
 the k-th floating-point all-reduce of an iteration is bucket k; integer all-reduces (the
 used-parameter map of ``find_unused_parameters``) are not buckets.
+
+The end time is noted by a Python callback on the backend's thread, so it needs the GIL:
+the backend marks the future complete (waking DDP's wait) *before* it runs callbacks, and
+the callback can still be waiting for the GIL when the probe reads the launch. ``settle``
+lets it run (see Note [DDP bucket probe], "Nested backward").
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-# (start time, element count, element size, end time or None)
+# [start time, element count, element size, end time or None, the work's future,
+#  the future of the callback that notes the end time]
 Launch = list[Any]
 
 
@@ -43,13 +49,15 @@ class SpyGroup(dist.ProcessGroup):
             self._register_backend(torch.device(device), _backend_type(backend), backend)
 
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        start = time.monotonic()  # before the call: it may wait for the GIL on its way back
         work = (
             self.inner.allreduce(tensors) if opts is None else self.inner.allreduce(tensors, opts)
         )
         tensor = tensors[0]
         if tensor.is_floating_point():
-            launch: Launch = [time.monotonic(), tensor.numel(), tensor.element_size(), None]
-            work.get_future().then(lambda _f: launch.__setitem__(3, time.monotonic()))
+            fut = work.get_future()
+            launch: Launch = [start, tensor.numel(), tensor.element_size(), None, fut, None]
+            launch[5] = fut.then(lambda _f: launch.__setitem__(3, time.monotonic()))
             self._on_launch(launch)
         return work
 
@@ -90,3 +98,11 @@ def layout(ddp: Any) -> list[list[torch.nn.Parameter]]:
     """The Reducer's current buckets, by index: their parameters in GradBucket order."""
     buckets = sorted(ddp.reducer._get_zeros_like_grad_buckets(), key=lambda b: b.index())
     return [list(b.parameters()) for b in buckets]
+
+
+def settle(launches: list[Launch]) -> None:
+    """Let the end-time callback of every finished all-reduce run: waiting on its future
+    releases the GIL it waits for. An all-reduce still running keeps ``None``."""
+    for launch in launches:
+        if launch[3] is None and launch[4].done():
+            launch[5].wait()

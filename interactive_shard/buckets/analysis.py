@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from interactive_shard.buckets.plan import Bucket
 from interactive_shard.buckets.records import IterationRecord, ObservedBucket, WatchInfo
@@ -222,12 +222,12 @@ class BucketTiming:
     fqns: list[str]
     ready: float
     start: float
-    end: float
+    end: float | None  # None: not recorded (the all-reduce had not finished when sent)
     overlap: float  # part of [start, end] inside the backward window
 
     @property
     def duration(self) -> float:
-        return max(self.end - self.start, 0.0)
+        return 0.0 if self.end is None else max(self.end - self.start, 0.0)
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,8 @@ class Timeline:
     compute: the union of the reduction intervals, intersected with the backward window,
     over that union (reductions can overlap each other, so a plain sum would count
     shared time twice). ``approximate`` says the window was guessed from bucket ready
-    times because the iteration's ``ddp_iteration`` event is missing.
+    times because the iteration's ``ddp_iteration`` event is missing. Buckets whose end
+    was not recorded count in neither; ``unknown_end`` lists them.
     """
 
     iteration: int
@@ -250,6 +251,11 @@ class Timeline:
     comm_time: float
     hidden_time: float
     approximate: bool = False
+    repeated: list[str] = field(default_factory=list)  # ready twice (reentrant checkpoint)
+
+    @property
+    def unknown_end(self) -> list[int]:
+        return [b.index for b in self.buckets if b.end is None]
 
     @property
     def overlap_fraction(self) -> float:
@@ -292,14 +298,23 @@ def timeline(
             fqns=b.fqns,
             ready=b.ready_t - t0,
             start=b.start_t - t0,
-            end=b.end_t - t0,
-            overlap=_clip(b.start_t - t0, b.end_t - t0, 0.0, window),
+            end=None if b.end_t is None else b.end_t - t0,
+            overlap=0.0 if b.end_t is None else _clip(b.start_t - t0, b.end_t - t0, 0.0, window),
         )
         for b in buckets
     ]
-    merged = _union([(b.start, b.end) for b in timings])
+    merged = _union([(b.start, b.end) for b in timings if b.end is not None])
     comm = sum(b - a for a, b in merged)
     hidden = sum(_clip(a, b, 0.0, window) for a, b in merged)
     return Timeline(
-        iteration, rank, t0, window, timings, grads, comm, hidden, approximate=not window_known
+        iteration,
+        rank,
+        t0,
+        window,
+        timings,
+        grads,
+        comm,
+        hidden,
+        approximate=not window_known,
+        repeated=list(record.repeated) if record is not None else [],
     )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import html
+import math
 import textwrap
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 
+from interactive_shard.buckets.analysis import Timeline
 from interactive_shard.buckets.figures import (
     LEGEND_ROW_PX,
     figure_bucket_map,
@@ -32,7 +34,8 @@ def figure_bucket_timeline(bucket_map: BucketMap, iteration: int, rank: int = 0)
     window = tl.backward_end * MS
     wait_x, wait_b, hid_x, hid_b, exp_x, exp_b, data = [], [], [], [], [], [], []
     for b in tl.buckets:
-        ready, start, end = b.ready * MS, b.start * MS, b.end * MS
+        ready, start = b.ready * MS, b.start * MS
+        end = start if b.end is None else b.end * MS  # unknown: no bar, said in the title
         wait_b.append(ready)
         wait_x.append(max(start - ready, 0.0))
         cut = min(max(window, start), end)  # overlapped part: [start, cut]; exposed: [cut, end]
@@ -40,7 +43,8 @@ def figure_bucket_timeline(bucket_map: BucketMap, iteration: int, rank: int = 0)
         hid_x.append(cut - start)
         exp_b.append(cut)
         exp_x.append(end - cut)
-        data.append([b.nbytes, len(b.fqns), ready, start, end, b.overlap * MS])
+        done = math.nan if b.end is None else end
+        data.append([b.nbytes, len(b.fqns), ready, start, done, b.overlap * MS])
     custom = np.array(data, dtype=float).reshape(-1, 6)
     hover = (
         "<b>bucket %{y}</b> · %{customdata[0]:,} bytes, %{customdata[1]} params<br>ready "
@@ -66,6 +70,20 @@ def figure_bucket_timeline(bucket_map: BucketMap, iteration: int, rank: int = 0)
                 "hovertemplate": hover,
             }
         )
+    unknown = [b for b in tl.buckets if b.end is None]
+    if unknown:
+        traces.append(
+            {
+                "type": "scatter",
+                "x": np.array([b.start * MS for b in unknown], dtype=float),
+                "y": np.array([b.index for b in unknown], dtype=np.int64),
+                "mode": "markers",
+                "marker": {"symbol": "x-thin-open", "size": 12, "color": EXPOSED},
+                "name": "reduction launched, end not recorded",
+                "hovertemplate": "bucket %{y}: launched %{x:.2f} ms, end not recorded"
+                "<extra></extra>",
+            }
+        )
     if tl.gradients:
         traces.append(
             {
@@ -79,13 +97,7 @@ def figure_bucket_timeline(bucket_map: BucketMap, iteration: int, rank: int = 0)
                 "hovertemplate": "%{text}: %{x:.2f} ms<extra></extra>",
             }
         )
-    if tl.buckets:
-        headline = (
-            f"{tl.overlap_fraction:.0%} of reduction time overlapped backward "
-            f"(exposed {tl.exposed_time * MS:.2f} ms of {tl.comm_time * MS:.2f} ms)"
-        )
-    else:
-        headline = "no bucket reported for this iteration yet"
+    headline = _headline(tl)
     if tl.approximate:
         headline += " · backward window estimated (no ddp_iteration event)"
     bottom = 70 + LEGEND_ROW_PX * legend_rows([t["name"] for t in traces])
@@ -134,6 +146,30 @@ def figure_bucket_timeline(bucket_map: BucketMap, iteration: int, rank: int = 0)
         ],
     )
     return go.Figure(data=traces, layout=layout)
+
+
+def _headline(tl: Timeline) -> str:
+    unknown = tl.unknown_end
+    if not tl.buckets:
+        return "no bucket reported for this iteration yet"
+    if len(unknown) == len(tl.buckets):
+        text = (
+            "reduction times unknown: the all-reduce had not finished when this iteration "
+            "was recorded (DDP never finished the iteration)"
+        )
+    else:
+        text = (
+            f"{tl.overlap_fraction:.0%} of reduction time overlapped backward "
+            f"(exposed {tl.exposed_time * MS:.2f} ms of {tl.comm_time * MS:.2f} ms)"
+        )
+        if unknown:
+            text += f" · end not recorded for bucket {', '.join(map(str, unknown))}"
+    if tl.repeated:
+        text += (
+            f"<br>ready twice (reentrant checkpoint): {', '.join(tl.repeated[:4])}"
+            f"{' …' if len(tl.repeated) > 4 else ''}; their ticks show the later arrival"
+        )
+    return text
 
 
 def figure_health(bucket_map: BucketMap) -> go.Figure:

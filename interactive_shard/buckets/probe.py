@@ -57,6 +57,25 @@ Caveats:
   those) and ``Join`` with uneven inputs (it changes the divisor). The python reducer
   (compiled autograd) and DDP native mixed precision are not supported.
 * Backwards under ``no_sync`` (DDP does not reduce) are not counted as iterations.
+
+Nested backward (reentrant checkpoint):
+
+* DDP queues its finalize (``queue_callback``) in the graph task in which its last bucket
+  became ready. Under ``checkpoint(..., use_reentrant=True)`` that is the checkpoint's
+  own nested backward: DDP waits for the all-reduces and ends its iteration there, before
+  the user's backward ends. A gradient that arrives later (a layer checkpointed twice)
+  is not reduced and stays local, so the ranks silently diverge.
+* The spy's end time is noted by a callback on the backend's thread, which needs the
+  GIL, and the backend wakes DDP's wait *before* it runs its callbacks (``_spy.py``).
+  That callback could still be waiting when the probe emitted the bucket, whose
+  reduction then read 0 ms (seen in about 1 in 8 checkpoint-twice backwards on 2 busy
+  cores, where the user's backward goes on after DDP's wait; less often without
+  checkpointing). So a launch in a nested backward queues a callback there that runs
+  after DDP's finalize and lets the callback of every finished all-reduce run
+  (``_spy.settle``); the end of backward does the same before emitting.
+* A parameter ready twice gives its bucket the arrival just before the launch (the one
+  DDP reduced), not the later one. An end still unknown when an unfinished iteration
+  is emitted (the all-reduce had not finished) is sent as ``null``.
 """
 
 from __future__ import annotations
@@ -159,6 +178,7 @@ class Probe:
         self._ready: list[tuple[int, float]] = []
         self._reduced: list[tuple[Any, ...]] = []  # buckets of this iteration, to emit
         self._hook_calls, self._calls_seen = 0, -1
+        self._end_task = self._settle_task = -1  # graph tasks of our callbacks (Note, nested)
 
         self._launches: list[_spy.Launch] = []  # this iteration's spied all-reduces
         self._layout: list[tuple[tuple[int, ...], tuple[list[Any], ...]]] = []
@@ -258,9 +278,11 @@ class Probe:
             if run != self._announced_in:
                 self._announced_in = run
                 telemetry.emit(data.DDP_WATCH, self._watch_payload)
-        if _task_id() != -1:
+        task = _task_id()
+        if task != -1:
             self._queued = True
             self._calls_seen = -1
+            self._end_task = task
             _engine.queue_callback(self._at_backward_end)
 
     def _at_backward_end(self) -> None:
@@ -324,13 +346,27 @@ class Probe:
         if self._armed and not self._detached:
             self._hook_calls += 1  # as a comm-hook call: the end callback waits (step 3)
             self._launches.append(launch)
+            task = _task_id()
+            if task not in (self._end_task, self._settle_task, -1):
+                # A nested backward: DDP may finish its iteration in it (Note, nested).
+                self._settle_task = task
+                _engine.queue_callback(self._settle_after_ddp)
+
+    def _settle_after_ddp(self) -> None:
+        # Queued before DDP's finalize (DDP queues it after launching its last bucket):
+        # queue once more, to run after it, when DDP has waited for the all-reduces.
+        _engine.queue_callback(self._settle)
+
+    def _settle(self) -> None:
+        _spy.settle(self._launches)
 
     def _emit_spied(self, ready: list[tuple[int, float]]) -> None:
         """Bucket events from the spied all-reduces: launch k is bucket k (Note step 0)."""
         launches, self._launches = self._launches, []
         if not launches:
             return
-        key = tuple(numel for _, numel, _, _ in launches)
+        _spy.settle(launches)  # after DDP's finalize: every launched all-reduce is done
+        key = tuple(launch[1] for launch in launches)  # element counts
         # The Reducer rebuilds its buckets once, by iteration 3; a rebuild can keep the
         # sizes (one bucket, new order), so ask it for the layout until then.
         if self._iteration <= 3 or key != self._layout_key:
@@ -341,10 +377,10 @@ class Probe:
                 self._layout.append(
                     (index, self._bucket_meta.get(index) or self._meta(index, params))
                 )
-        last_ready = dict(ready)  # a parameter ready twice counts at its last time
-        for k, (start_t, numel, size, end_t) in enumerate(launches[: len(self._layout)]):
+        ready_at = data.ready_at(ready)
+        for k, (start_t, numel, size, end_t, *_) in enumerate(launches[: len(self._layout)]):
             index, meta = self._layout[k]
-            ready_t = max((last_ready.get(i, start_t) for i in index), default=start_t)
+            ready_t = max((ready_at(i, start_t) for i in index), default=start_t)
             head = (
                 self._iteration,
                 k,
@@ -352,7 +388,7 @@ class Probe:
                 k == len(self._layout) - 1,
                 min(ready_t, start_t),
             )
-            data.emit_bucket(head, meta, start_t, end_t if end_t is not None else start_t)
+            data.emit_bucket(head, meta, start_t, end_t)
 
     def _meta(self, key: tuple[int, ...], params: list[torch.Tensor]) -> tuple[list[Any], ...]:
         meta = (  # -1: a parameter DDP reduces that was not in its list at watch time

@@ -69,7 +69,7 @@ class ObservedBucket:
     nbytes: int
     ready_t: float  # comm hook entered (rank's monotonic clock, seconds)
     start_t: float  # reduction launched
-    end_t: float  # reduction's future completed
+    end_t: float | None  # reduction's future completed; None: not known (still running)
     is_last: bool = False
 
 
@@ -181,7 +181,7 @@ def parse_bucket(p: Mapping[str, Any]) -> tuple[int, ObservedBucket]:
         nbytes=int(_get(p, BUCKET, "nbytes", int)),
         ready_t=_time(p, BUCKET, "ready_t"),
         start_t=_time(p, BUCKET, "start_t"),
-        end_t=_time(p, BUCKET, "end_t"),
+        end_t=None if p.get("end_t", 0.0) is None else _time(p, BUCKET, "end_t"),
         is_last=bool(p.get("is_last", False)),
     )
     return _iteration(p, BUCKET), bucket

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 import interactive_shard as ish
 from interactive_shard.buckets._probe_data import checksums
+from interactive_shard.buckets.figures_timeline import figure_bucket_timeline
 from interactive_shard.buckets.probe import Probe
 
 WATCH_FIELDS = {
@@ -284,6 +285,26 @@ def test_reentrant_checkpoint_twice_diverges_without_static_graph(
         assert differ == []
     else:  # silently: no error, different weights on each rank from the next step on
         assert "layer.weight" in differ and "head.weight" not in differ
+
+
+def test_reduction_times_recorded_when_ddp_finishes_inside_a_nested_backward(
+    cluster: ish.Cluster,
+) -> None:
+    # See Note [DDP bucket probe], "Nested backward": DDP launches the bucket and waits for
+    # it in the first reentrant checkpoint's own backward, before the layer's second
+    # gradient. The timeline used to read "exposed 0.00 ms of 0.00 ms" with no bar.
+    run = cluster.run(_checkpoint_twice, False, False, 6)
+    for rank in range(2):
+        its = {p["iteration"]: p for p in _payloads(run, "ddp_iteration", rank)}
+        buckets = _payloads(run, "bucket", rank)
+        assert sorted(b["iteration"] for b in buckets) == [1, 2, 3, 4, 5, 6]
+        for b in buckets:  # ready at the first arrival: the one DDP reduced
+            assert b["ready_t"] < b["start_t"] < b["end_t"] < its[b["iteration"]]["backward_end"]
+        for it in its:
+            tl = run.buckets.timeline(it, rank)
+            assert tl.comm_time > 0 and tl.overlap_fraction == 1.0
+            title = figure_bucket_timeline(run.buckets, it, rank).layout.title.text
+            assert "100% of reduction time overlapped backward" in title
 
 
 def test_iteration_ends_with_the_users_backward_when_all_of_it_is_nested(

@@ -312,6 +312,22 @@ def test_timeline_without_iteration_event_is_approximate() -> None:
     assert empty.buckets == [] and empty.comm_time == 0.0
 
 
+def test_reduction_end_not_recorded_counts_in_no_total() -> None:
+    unfinished = bucket(0, 1, 1, ["a.weight"], ready=10.008, start=10.009)
+    unfinished.payload["end_t"] = None  # the probe's "not finished when sent"
+    events = [
+        watch(0),
+        iteration(0, 1, backward_start=10.0, backward_end=10.010),
+        bucket(0, 1, 0, ["b.weight"], ready=10.001, start=10.002, end=10.004),
+        unfinished,
+    ]
+    bm = BucketMap(store_of(events))
+    tl = bm.timeline(1)
+    assert bm.skipped == 0 and tl.unknown_end == [1]
+    assert tl.buckets[1].end is None and tl.buckets[1].duration == 0.0
+    assert tl.comm_time == pytest.approx(0.002) and tl.overlap_fraction == 1.0
+
+
 # -- scale --------------------------------------------------------------------------------------
 def test_thousand_parameters_in_about_a_hundred_buckets() -> None:
     params = [FakeParam(f"m{i // 2}.{'wb'[i % 2]}", (32, 32), f"m{i // 2}") for i in range(1000)]

@@ -193,6 +193,56 @@ def test_timeline_figure_shows_window_stages_and_total(mlp_map: BucketMap) -> No
     assert array(fig["data"][3]["text"]) == [f for f, _ in tl.gradients]
 
 
+def twice(end_t: float | None) -> BucketMap:
+    """Rank 0 of a real 2-rank run of notebook 02's layer checkpointed twice (probe payloads)."""
+    bucket = {
+        "iteration": 1,
+        "index": 0,
+        "fqns": ["layer.weight", "layer.bias", "head.weight", "head.bias"],
+        "shapes": [[8, 8], [8], [1, 8], [1]],
+        "dtypes": ["torch.float32"] * 4,
+        "nbytes": 324,
+        "ready_t": 968.403759572,
+        "start_t": 968.403799096,
+        "end_t": end_t,
+        "is_last": True,
+    }
+    iteration = {
+        "iteration": 1,
+        "backward_start": 968.403065991,
+        "backward_end": 968.408759551,
+        "ready_order": ["head.bias", "head.weight", "layer.bias", "layer.weight"],
+        "ready_t": [968.403065991, 968.403185716, 968.408734785, 968.408759551],
+        "unready": [],
+        "repeated": ["layer.weight", "layer.bias"],
+        "checksums": {},
+    }
+    events = [Event("bucket", 0, 1, 0.0, bucket), Event("ddp_iteration", 0, 1, 0.0, iteration)]
+    return make_map(FakeRun(mlp_params(1, 4)), events=events)
+
+
+def test_timeline_of_a_nested_backward_shows_its_reduction_and_the_second_arrival() -> None:
+    fig = figure_bucket_timeline(twice(968.408168092), 1).to_dict()
+    hidden = fig["data"][1]
+    assert array(hidden["x"]) == [pytest.approx(4.369, abs=1e-3)]  # DDP reduced in the nested one
+    title = fig["layout"]["title"]["text"]
+    assert "100% of reduction time overlapped backward (exposed 0.00 ms of 4.37 ms)" in title
+    assert "ready twice (reentrant checkpoint): layer.weight, layer.bias" in title
+
+
+def test_timeline_says_when_reduction_times_are_unknown() -> None:
+    # end_t null: the probe sent the bucket before its all-reduce finished (DDP never ended
+    # the iteration). It used to be drawn as a 0 ms reduction, "exposed 0.00 ms of 0.00 ms".
+    bm = twice(None)
+    fig = figure_bucket_timeline(bm, 1).to_dict()
+    title = fig["layout"]["title"]["text"]
+    assert "reduction times unknown" in title and "0.00 ms of 0.00 ms" not in title
+    (marker,) = [t for t in fig["data"] if t["name"] == "reduction launched, end not recorded"]
+    assert array(marker["x"]) == [pytest.approx(0.733, abs=1e-3)]
+    assert [array(t["x"]) for t in fig["data"][1:3]] == [[0.0], [0.0]]  # no bar drawn
+    assert bm.timeline(1).unknown_end == [0] and bm.timeline(1).comm_time == 0.0
+
+
 def test_health_table_rows() -> None:
     run = FakeRun(
         mlp_params(2, 8),

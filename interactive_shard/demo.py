@@ -10,6 +10,29 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+def tour_model() -> Any:
+    """A small user model with named layers, so buckets and legends read ``block1.weight``
+    rather than ``2.weight`` (an ``nn.Sequential`` names its layers by index)."""
+    import torch
+    from torch import nn
+
+    class TourMLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(32, 256)
+            self.block1 = nn.Linear(256, 256)
+            self.block2 = nn.Linear(256, 256)
+            self.head = nn.Linear(256, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.embed(x))
+            h = h + torch.relu(self.block1(h))
+            h = h + torch.relu(self.block2(h))
+            return self.head(h)
+
+    return TourMLP()
+
+
 def train(ctx: Any, steps: int = 30) -> dict[str, float]:
     """A small MLP trained with DDP; emits loss and progress every step."""
     import torch
@@ -17,12 +40,10 @@ def train(ctx: Any, steps: int = 30) -> dict[str, float]:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)
-    )
     import interactive_shard as ish
 
+    torch.manual_seed(0)
+    model = tour_model()
     ddp = DDP(model, bucket_cap_mb=0.1)
     ish.watch(ddp)  # bucket map: what DDP's buckets hold and when each is reduced
     opt = torch.optim.Adam(ddp.parameters(), lr=3e-3)

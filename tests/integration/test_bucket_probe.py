@@ -18,7 +18,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 import interactive_shard as ish
+from interactive_shard import demo
 from interactive_shard.buckets._probe_data import checksums
+from interactive_shard.buckets.figures import figure_bucket_map
 from interactive_shard.buckets.figures_timeline import figure_bucket_timeline
 from interactive_shard.buckets.probe import Probe
 
@@ -371,6 +373,17 @@ def test_watch_rejects_what_it_cannot_watch() -> None:
     with pytest.raises(TypeError, match="DistributedDataParallel"):
         ish.watch(object())  # type: ignore[arg-type]
     assert Probe.detach is Probe.remove
+
+
+def test_demo_buckets_read_by_layer_name(cluster: ish.Cluster) -> None:
+    run = cluster.run(demo.train, 3)
+    names = ["embed", "block1", "block2", "head"]
+    fqns = [f"{m}.{p}" for m in names for p in ("weight", "bias")]
+    assert run.buckets.info is not None and run.buckets.info.fqns == fqns
+    assert [f for b in run.buckets.observed(2) for f in b.fqns] == fqns[::-1]  # ready order
+    legend = {t.name for t in figure_bucket_map(run.buckets, 2).data}
+    assert set(names) <= legend, legend
+    assert run.results[0]["param_checksum"] == run.results[1]["param_checksum"]
 
 
 def _build_watched(ctx: Any) -> None:

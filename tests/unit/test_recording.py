@@ -72,3 +72,39 @@ def test_not_a_recording(tmp_path: Path) -> None:
         ish.load(path)
     with pytest.raises(FileNotFoundError):
         ish.load(tmp_path / "missing.jsonl")
+
+
+# Written by run.save before headers and events were validated (schema 1): it must load
+# unchanged, every field included.
+RECORDED_BEFORE_VALIDATION = """\
+{"format":"interactive_shard.recording","schema_version":1,"package_version":"0.1.0",\
+"torch_version":"2.13.0","world_size":2,"backend":"gloo","device_types":["cpu"],\
+"name":"demo","extra":{"model":"mlp","sizes":[4,8]},"results":[{"loss":0.25},null]}
+["state",0,0,10.5,{"state":"running","detail":""}]
+["log",1,0,10.75,{"stream":"stdout","text":"hello [rank] {x}"}]
+["scalar",0,1,11.0,{"name":"loss","value":0.25}]
+["bucket",1,1,11.5,{"index":0,"params":["w","b"],"shape":[[4,8],[8]],"bytes":160,"ready":null}]
+["progress",0,2,12.0,{}]
+"""
+
+
+def test_recording_written_before_validation_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "old.jsonl"
+    path.write_text(RECORDED_BEFORE_VALIDATION)
+    run = ish.load(path)
+    assert run.store.info == RunInfo(
+        world_size=2,
+        backend="gloo",
+        device_types=["cpu"],
+        package_version="0.1.0",
+        torch_version="2.13.0",
+        name="demo",
+        extra={"model": "mlp", "sizes": [4, 8]},
+    )
+    assert run.results == [{"loss": 0.25}, None]
+    assert [e.kind for e in run.store.events()] == ["state", "log", "scalar", "bucket", "progress"]
+    assert run.store.events()[3].payload["shape"] == [[4, 8], [8]]
+    # and saving it again writes the same bytes
+    assert recording.save(run.store, tmp_path / "again.jsonl", run.results).read_text() == (
+        RECORDED_BEFORE_VALIDATION
+    )

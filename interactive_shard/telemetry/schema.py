@@ -2,24 +2,42 @@
 
 An event is ``(kind, rank, step, t, payload)``. ``t`` is ``time.monotonic()`` on the
 rank (one clock for all processes of a machine on Linux), ``payload`` holds plain data
-only: str, int, float, bool, None, and lists / dicts of those. Never tensors, never
-pickles: a probe sends fqns, shapes, dtypes as strings, byte counts and times.
+only: str, int, float, bool, None, and lists / dicts (str keys) of those, nested at
+most ``MAX_PAYLOAD_DEPTH`` containers deep. Never tensors, never pickles: a probe sends
+fqns, shapes, dtypes as strings, byte counts and times.
 
-Events travel in batches (``Batch``) encoded with msgpack and decoded with a typed
-``msgspec`` decoder, so a malformed or hostile message fails validation instead of
-reaching the store.
+Events travel in batches. On the wire a batch is one ZeroMQ frame: a fixed-size header
+(``HEADER``: magic, schema version, flags, run, rank, token), then the events as a
+msgpack array. The header is read, and the token compared, before a byte of the body
+is decoded; the body is decoded by a typed ``msgspec`` decoder whose types bound the
+nesting depth and admit no msgpack bin / ext / timestamp values, so a malformed or
+hostile message fails with ``msgspec.DecodeError`` instead of reaching the store.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import struct
+import sys
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import msgspec
 
 SCHEMA_VERSION = 1
-# The most ranks a run may have: a bound on what a header or a message may claim, so
+# The most ranks a run may have: a bound on what a header or message may claim, so
 # per-rank state allocated from it stays small (real jobs are far below it).
 MAX_WORLD_SIZE = 65_536
+# Containers a payload value may nest ({"a": [[1]]} nests 2). Bounds the decoder's
+# recursion far below the C stack; real payloads (shapes, config dicts) nest 1-4.
+# Not higher: msgspec builds its type tree for the bound once per process, in time
+# and memory that double per level (10 levels: ~25 ms at import; 16: ~2 s).
+MAX_PAYLOAD_DEPTH = 10
+# The largest message (header + body) a collector accepts. A legitimate batch is far
+# smaller (2,000 scalar events take ~90 KB; a DDP watch of 10k parameters ~1.2 MB): the
+# Emitter splits batches to fit. It bounds what one message may cost the kernel: its
+# bytes, and the objects decoding it builds (at most one per body byte).
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Token bytes (UTF-8) carried in the header's fixed-size field.
+MAX_TOKEN_BYTES = 64
 
 # Built-in event kinds. Features add their own (e.g. "bucket").
 LOG = "log"  # payload: stream ("stdout" | "stderr"), text (one line)
@@ -30,14 +48,40 @@ STATE = "state"  # payload: state (a RankState value), detail
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
 
 
-class Event(msgspec.Struct, array_like=True, frozen=True):
-    """One observation made on a rank (or by the kernel about a rank)."""
+def _plain(depth: int) -> Any:
+    """The type of a payload value nesting at most ``depth`` containers.
+
+    Built with ``|`` (types.UnionType): ``typing.Union`` hashes its arguments to
+    deduplicate them, which takes time doubling per level here.
+    """
+    t: Any = str | int | float | bool | None
+    for _ in range(depth):
+        t = str | int | float | bool | None | list[t] | dict[str, t]
+    return t
+
+
+if TYPE_CHECKING:
+    Payload = dict[str, Any]
+else:  # what the decoder enforces
+    Payload = dict[str, _plain(MAX_PAYLOAD_DEPTH)]
+_Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)]
+MIN_STEP, MAX_STEP = -(2**63), 2**63 - 1  # 64-bit, as models' arrays and recordings hold it
+_Step = Annotated[int, msgspec.Meta(ge=MIN_STEP, le=MAX_STEP)]
+_Time = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]  # finite
+
+
+class Event(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """One observation made on a rank (or by the kernel about a rank).
+
+    Decoding refuses extra trailing fields rather than skipping them: a skip would walk
+    a value of any depth (a newer schema is refused by version instead).
+    """
 
     kind: str
-    rank: int
-    step: int
-    t: float
-    payload: dict[str, Any] = {}
+    rank: _Rank
+    step: _Step
+    t: _Time
+    payload: Payload = {}
 
 
 class Batch(msgspec.Struct, array_like=True):
@@ -55,53 +99,185 @@ class PayloadError(TypeError):
     """A payload value is not plain data (a tensor, an object...)."""
 
 
+class MessageError(msgspec.DecodeError):
+    """A message or batch the kernel refuses; ``reason`` is its key in the counts."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# Reasons a message is refused: keys of ``Collector.rejected_by_reason``.
+SHORT = "shorter than a header"
+NOT_OURS = "not an interactive_shard message"
+WRONG_TOKEN = "wrong token"
+OVERSIZED = "oversized"
+NEWER_SCHEMA = "newer schema"
+BAD_RANK = "rank outside 0..MAX_WORLD_SIZE-1"
+MALFORMED = "malformed body"
+UNKNOWN_RANK = "rank outside the run"
+RANK_MISMATCH = "event rank != batch rank"
+
+
 def check_payload(kind: str, payload: dict[str, Any]) -> None:
     """Raise ``PayloadError`` naming the first value that is not plain data.
 
     Scalars are checked inline (the common case, kept cheap: probes emit every step);
-    containers are walked.
+    containers are walked, with their depth. What passes, the collector decodes.
     """
     for key, value in payload.items():
-        if isinstance(value, _PLAIN_SCALARS):
+        if type(key) is str and isinstance(value, _PLAIN_SCALARS):
             continue
-        bad = _first_non_plain(value)
-        if bad is not None:
+        if not isinstance(key, str):
+            raise PayloadError(f"emit({kind!r}): payload key {key!r} is not a str.")
+        problem = _problem(value, MAX_PAYLOAD_DEPTH)
+        if problem is not None:
             raise PayloadError(
-                f"emit({kind!r}): payload value {key!r} contains a {type(bad).__module__}."
-                f"{type(bad).__qualname__}, which cannot leave the rank. Send plain data: "
-                "numbers, strings, lists and dicts of them (for a tensor use .item() or "
-                ".tolist(), for a dtype str(dtype))."
+                f"emit({kind!r}): payload value {key!r} {problem}. Send plain data: numbers, "
+                "strings, lists and dicts (str keys) of them (for a tensor use .item() or "
+                ".tolist(), for a dtype str(dtype); flatten what nests deeper)."
             )
 
 
-def _first_non_plain(value: Any) -> Any | None:
+def _problem(value: Any, depth: int) -> str | None:
+    """Why ``value`` is not plain data nesting at most ``depth`` containers, or None."""
     if isinstance(value, _PLAIN_SCALARS):
         return None
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            bad = _first_non_plain(item)
-            if bad is not None:
-                return bad
-        return None
     if isinstance(value, dict):
-        for k, item in value.items():
+        for k in value:
             if not isinstance(k, str):
-                return k
-            bad = _first_non_plain(item)
-            if bad is not None:
-                return bad
-        return None
-    return value
+                return f"has a key {k!r} that is not a str"
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return (
+            f"contains a {type(value).__module__}.{type(value).__qualname__}, "
+            "which cannot leave the rank"
+        )
+    if depth == 0:
+        return f"nests more than {MAX_PAYLOAD_DEPTH} lists/dicts deep"
+    for item in items:
+        problem = _problem(item, depth - 1)
+        if problem is not None:
+            return problem
+    return None
+
+
+def check_batch(batch: Batch, world_size: int) -> None:
+    """Raise ``MessageError`` unless ``batch`` speaks for one rank of a run of ``world_size``.
+
+    The batch's rank must lie in ``0..world_size-1`` and every event must be that
+    rank's. Called by the consumers that know the world size (``Cluster``, ``Listener``).
+    """
+    rank = batch.rank
+    if not 0 <= rank < world_size:
+        raise MessageError(
+            UNKNOWN_RANK, f"batch from rank {rank}; this run has ranks 0..{world_size - 1}"
+        )
+    for event in batch.events:
+        if event.rank != rank:
+            raise MessageError(
+                RANK_MISMATCH, f"batch from rank {rank} carries an event of rank {event.rank}"
+            )
+
+
+# -- wire format ---------------------------------------------------------------------------
+# magic, schema version, flags, (pad), run, rank, token (NUL-padded UTF-8): 84 bytes.
+HEADER = struct.Struct("<4sHBxqi64s")
+HEADER_SIZE = HEADER.size
+MAGIC = b"ish\x02"  # \x02: the second wire format (the first was a bare msgpack Batch)
+FINAL = 1  # flag: the batch closes its run's stream
+BYE = 2  # flag: the sender is closing its connection (nothing follows)
+
+
+class Header(NamedTuple):
+    version: int
+    flags: int
+    run: int
+    rank: int
+    token: bytes  # the raw, padded field
+
+
+def token_field(token: str) -> bytes:
+    """The header's token field for ``token``; ``ValueError`` if it cannot be carried."""
+    try:
+        raw = token.encode("utf-8") if isinstance(token, str) else None
+    except UnicodeEncodeError:  # lone surrogates
+        raw = None
+    if raw is None or not 0 < len(raw) <= MAX_TOKEN_BYTES or b"\0" in raw:
+        size = f"{type(token).__name__} that is not UTF-8" if raw is None else f"{len(raw)} bytes"
+        raise ValueError(
+            f"telemetry token must be a str of 1 to {MAX_TOKEN_BYTES} UTF-8 bytes without "
+            f"NUL, got {size}. Use secrets.token_hex(16), or leave it out to get one."
+        )
+    return raw.ljust(MAX_TOKEN_BYTES, b"\0")
+
+
+def read_header(buf: Any) -> Header:
+    """The header of a message (any bytes-like); ``MessageError`` if there is none."""
+    if buf[:4] != MAGIC:
+        raise MessageError(NOT_OURS, f"starts with {bytes(buf[:4])!r}, not {MAGIC!r}")
+    if len(buf) < HEADER_SIZE:
+        raise MessageError(SHORT, f"{len(buf)} bytes, shorter than the {HEADER_SIZE}-byte header")
+    _, version, flags, run, rank, token = HEADER.unpack_from(buf)
+    return Header(version, flags, run, rank, token)
+
+
+def check_header(header: Header) -> None:
+    """What an authenticated header must satisfy before its body is decoded."""
+    if header.version > SCHEMA_VERSION:
+        raise MessageError(
+            NEWER_SCHEMA,
+            f"schema version {header.version} is newer than {SCHEMA_VERSION}: "
+            "upgrade interactive_shard in the notebook",
+        )
+    if not 0 <= header.rank < MAX_WORLD_SIZE:
+        raise MessageError(BAD_RANK, f"rank {header.rank} outside 0..{MAX_WORLD_SIZE - 1}")
+
+
+def encode_message(
+    encoder: msgspec.msgpack.Encoder,
+    version: int,
+    token: bytes,
+    run: int,
+    rank: int,
+    events: list[Event],
+    flags: int = 0,
+) -> bytearray:
+    """One message: header, then the events (encoded in place after it, no copy)."""
+    buf = bytearray(HEADER.pack(MAGIC, version, flags, run, rank, token))
+    encoder.encode_into(events, buf, HEADER_SIZE)
+    return buf
 
 
 _encoder = msgspec.msgpack.Encoder()
-_batch_decoder = msgspec.msgpack.Decoder(Batch)
+_events_decoder = msgspec.msgpack.Decoder(list[Event])
+
+
+def decode_events(body: Any) -> list[Event]:
+    """Decode a message body; raises ``msgspec.DecodeError`` (or its ``ValidationError``)."""
+    return _events_decoder.decode(body)
 
 
 def encode_batch(batch: Batch) -> bytes:
-    return _encoder.encode(batch)
+    flags = FINAL if batch.final else 0
+    token = token_field(batch.token)
+    args = (batch.version, token, batch.run, batch.rank, batch.events, flags)
+    return bytes(encode_message(_encoder, *args))
 
 
-def decode_batch(data: bytes) -> Batch:
-    """Decode and validate one message; raises ``msgspec.ValidationError``/``DecodeError``."""
-    return _batch_decoder.decode(data)
+def decode_batch(data: Any) -> Batch:
+    """Decode and validate one message (token not checked); raises ``msgspec.DecodeError``.
+
+    ``MessageError`` and ``msgspec.ValidationError`` are the subclasses it raises.
+    """
+    view = memoryview(data)
+    header = read_header(view)
+    check_header(header)
+    try:
+        token = header.token.rstrip(b"\0").decode("utf-8")
+    except UnicodeDecodeError:
+        raise MessageError(WRONG_TOKEN, "the token field is not UTF-8") from None
+    events = decode_events(view[HEADER_SIZE:])
+    return Batch(header.version, token, header.run, header.rank, events, bool(header.flags & FINAL))

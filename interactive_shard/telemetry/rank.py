@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from interactive_shard.telemetry.channel import Emitter
+from interactive_shard.telemetry.emitter import Emitter
 
 _emitter: Emitter | None = None
 
@@ -53,9 +53,15 @@ def connect_from_env() -> Emitter:
 
 
 def close(final: bool = True) -> None:
-    """Flush what is buffered, close the stream (``final``) and disconnect."""
+    """Flush what is buffered, close the stream (``final``) and disconnect.
+
+    Bounded even when no notebook listens any more: sends wait at most
+    ``SEND_TIMEOUT_S`` and the rest is dropped and counted (``Emitter.dropped``).
+    """
     global _emitter
-    if _emitter is not None:
-        _emitter.flush(final=final)
-        _emitter.close()
-        _emitter = None
+    emitter, _emitter = _emitter, None  # probes stop emitting into a closing channel
+    if emitter is not None:
+        try:
+            emitter.flush(final=final)
+        finally:
+            emitter.close()

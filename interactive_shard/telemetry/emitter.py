@@ -1,0 +1,214 @@
+"""Rank side of the channel (see ``channel`` for the wire format and its bounds).
+
+The Emitter must never stop training: a payload that cannot leave the rank is refused
+at ``emit`` (``PayloadError``, before it is buffered), a batch too large for one
+message is split, an event that still cannot be sent is dropped and counted, and a
+send to a collector that takes nothing waits at most ``SEND_TIMEOUT_S`` once, then
+drops (counted in ``Emitter.dropped``) until the collector takes events again.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import threading
+import time
+from typing import Any
+
+import msgspec
+import zmq
+
+from interactive_shard.telemetry import schema
+from interactive_shard.telemetry.schema import (
+    MAX_MESSAGE_BYTES,
+    MAX_STEP,
+    MIN_STEP,
+    SCHEMA_VERSION,
+    Event,
+)
+
+log = logging.getLogger(__name__)
+
+SEND_TIMEOUT_S = 5.0  # longest a rank waits for a collector that takes nothing
+CLOSE_LINGER_S = 5.0  # at close, how long queued events may take to leave
+SEND_QUEUE_BATCHES = 1000  # batches ZeroMQ queues on the rank before a send waits
+
+
+class Emitter:
+    """Rank side: buffers events and sends them in batches.
+
+    ``emit`` may be called from any thread (autograd hooks run on other threads);
+    a daemon thread flushes every ``flush_interval`` seconds, and a full buffer is
+    flushed inline.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        rank: int,
+        *,
+        flush_interval: float = 0.02,
+        max_batch: int = 2000,
+        send_timeout: float | None = None,  # None: SEND_TIMEOUT_S
+    ) -> None:
+        if type(rank) is not int or not 0 <= rank < schema.MAX_WORLD_SIZE:
+            top = schema.MAX_WORLD_SIZE - 1
+            raise ValueError(f"rank must be an int in 0..{top}, got {rank!r}.")
+        self.rank = rank
+        self.run = 0
+        self._step = 0
+        self.dropped = 0  # events that never left: see the module docstring
+        self._token = schema.token_field(token)
+        self._max_batch = max_batch
+        self._buffer: list[Event] = []
+        self._lock = threading.Lock()
+        self._encoder = msgspec.msgpack.Encoder()
+        self._stalled = False  # the last send timed out: try without waiting
+        self._warned: set[str] = set()
+        self._address = address
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.PUSH)
+        self._sock.setsockopt(zmq.SNDHWM, SEND_QUEUE_BATCHES)
+        send_timeout = SEND_TIMEOUT_S if send_timeout is None else send_timeout
+        self._sock.setsockopt(zmq.SNDTIMEO, max(1, int(send_timeout * 1000)))
+        self._sock.connect(address)
+        self._send_timeout = send_timeout
+        self._closed = False
+        self._interval = flush_interval
+        self._thread = threading.Thread(target=self._flush_loop, name="ish-emitter", daemon=True)
+        self._thread.start()
+
+    def emit(self, kind: str, payload: dict[str, Any], step: int | None = None) -> None:
+        schema.check_payload(kind, payload)
+        if step is None:
+            step = self._step  # checked when set
+        elif type(step) is not int or not MIN_STEP <= step <= MAX_STEP:
+            step = _checked_step(kind, step)
+        if type(kind) is not str and not isinstance(kind, str):
+            raise schema.PayloadError(f"emit(kind={kind!r}): kind must be a str.")
+        event = Event(kind, self.rank, step, time.monotonic(), payload)
+        with self._lock:
+            self._buffer.append(event)
+            if len(self._buffer) >= self._max_batch:
+                self._send_locked(final=False)
+
+    @property
+    def step(self) -> int:
+        """The step events are tagged with when ``emit`` is given none."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = _checked_step("", value)
+
+    def start_run(self, run: int) -> None:
+        """Tag what follows with ``run`` (earlier events go out under the old id)."""
+        with self._lock:
+            self._send_locked(final=False)
+            self.run = run
+            self._step = 0
+
+    def flush(self, *, final: bool = False) -> None:
+        with self._lock:
+            self._send_locked(final=final)
+
+    def _send_locked(self, *, final: bool) -> None:
+        if self._closed:  # emitted after close(): nowhere to go
+            self.dropped += len(self._buffer)
+            self._buffer.clear()
+            return
+        if not self._buffer and not final:
+            return
+        events, self._buffer = self._buffer, []
+        self._send_events(events, schema.FINAL if final else 0)
+
+    def _send_events(self, events: list[Event], flags: int) -> None:
+        """Send ``events`` in as few messages as fit; drop (and count) what cannot go."""
+        try:
+            args = (SCHEMA_VERSION, self._token, self.run, self.rank, events, flags)
+            data = schema.encode_message(self._encoder, *args)
+        except (TypeError, ValueError, OverflowError) as exc:  # e.g. an int over 64 bits
+            why = f"cannot be encoded ({exc})"
+        else:
+            if len(data) <= MAX_MESSAGE_BYTES:
+                self._send_frame(data, len(events))
+                return
+            why = f"takes {len(data):,} bytes, more than MAX_MESSAGE_BYTES ({MAX_MESSAGE_BYTES:,})"
+        if len(events) > 1:  # halve until each part fits (or is one bad event)
+            half = len(events) // 2
+            self._send_events(events[:half], 0)
+            self._send_events(events[half:], flags)
+            return
+        self._drop(len(events), "unsendable", f"a {events[0].kind!r} event {why}")
+        if flags:
+            self._send_events([], flags)  # the stream still closes
+
+    def _send_frame(self, data: bytearray, n_events: int) -> None:
+        try:
+            self._sock.send(data, zmq.NOBLOCK if self._stalled else 0, copy=False)
+        except zmq.ZMQError as exc:  # zmq.Again: the queue stayed full for send_timeout
+            self._stalled = True
+            why = "the collector took nothing" if isinstance(exc, zmq.Again) else str(exc)
+            self._drop(n_events, "stalled", f"{why} for {self._send_timeout:.0f} s")
+            return
+        if self._stalled:
+            self._stalled = False
+            self._warned.discard("stalled")
+            log.warning("telemetry: rank %d: collector takes events again", self.rank)
+
+    def _drop(self, n_events: int, key: str, why: str) -> None:
+        self.dropped += n_events
+        if key not in self._warned:  # once per kind of trouble (per stall)
+            self._warned.add(key)
+            log.warning(
+                "telemetry: rank %d dropped events for %s: %s; %d dropped so far "
+                "(Emitter.dropped), training goes on",
+                self.rank,
+                self._address,
+                why,
+                self.dropped,
+            )
+
+    def _flush_loop(self) -> None:
+        while not self._closed:
+            time.sleep(self._interval)
+            if self._buffer:
+                try:
+                    self.flush()
+                except Exception:  # never let the flusher die; emit would block later
+                    log.exception("telemetry: rank %d: flushing events failed", self.rank)
+
+    def close(self) -> None:
+        """Send what is buffered and a BYE, then disconnect (at most ``CLOSE_LINGER_S``)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._send_locked(final=False)
+            if not self._stalled:
+                bye = schema.encode_message(
+                    self._encoder, SCHEMA_VERSION, self._token, self.run, self.rank, [], schema.BYE
+                )
+                try:
+                    self._sock.send(bye, zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass  # nobody to say goodbye to
+            self._closed = True
+            self._sock.close(linger=0 if self._stalled else int(CLOSE_LINGER_S * 1000))
+        self._ctx.term()
+
+
+def _checked_step(kind: Any, step: Any) -> int:
+    """A step as the schema holds it (a 64-bit int), or a clear error."""
+    if not isinstance(step, bool):
+        try:
+            value = int(operator.index(step))  # a numpy integer, an IntEnum
+        except TypeError:
+            pass
+        else:
+            if MIN_STEP <= value <= MAX_STEP:
+                return value
+    where = f"emit({kind!r}): step" if kind else "Emitter.step"
+    raise schema.PayloadError(
+        f"{where} must be a 64-bit int, got {type(step).__qualname__} {step!r}; pass int(step)."
+    )

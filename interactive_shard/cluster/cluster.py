@@ -351,6 +351,7 @@ class Cluster:
             run._reply(rank, "died", self._exit_notes[rank])
 
     def _on_batch(self, batch: Batch) -> None:
+        schema.check_batch(batch, self.nprocs)  # raises: the collector counts and drops it
         run = self._runs.get(batch.run)
         if run is None:
             return

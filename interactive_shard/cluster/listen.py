@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from interactive_shard.cluster.run import Run
+from interactive_shard.telemetry import schema
 from interactive_shard.telemetry.channel import Collector
 from interactive_shard.telemetry.schema import Batch
 from interactive_shard.telemetry.store import RunInfo, RunStore
@@ -41,10 +42,11 @@ class Listener:
         live.keep_polling(lambda: self.closed)
 
     def _on_batch(self, batch: Batch) -> None:
-        if 0 <= batch.rank < self.run.store.info.world_size:
-            self.run.store.extend(batch.events)
-            if batch.final:
-                self.streams_closed.add(batch.rank)
+        # Raises for a rank outside the run: the collector counts and drops the batch.
+        schema.check_batch(batch, self.run.store.info.world_size)
+        self.run.store.extend(batch.events)
+        if batch.final:
+            self.streams_closed.add(batch.rank)
 
     @property
     def address(self) -> str:

@@ -235,3 +235,32 @@ def test_emit_refuses_what_the_collector_would_refuse() -> None:
         em.step = 2**63  # type: ignore[misc]
     em.step = np.int64(3)  # type: ignore[misc, assignment]
     assert type(em.step) is int and em.step == 3
+
+
+def test_listener_refuses_batches_for_foreign_or_unknown_ranks() -> None:
+    from interactive_shard.cluster.listen import Listener
+
+    def batch(rank: int, *event_ranks: int, final: bool = False) -> Batch:
+        events = [Event("scalar", r, 0, 0.0, {"value": 1}) for r in event_ranks]
+        return Batch(schema.SCHEMA_VERSION, "tok", 1, rank, events, final)
+
+    with Listener(world_size=2) as listener:
+        for bad in (batch(0, 1), batch(0, 0, -1), batch(2, 2, final=True), batch(-1, final=True)):
+            with pytest.raises(schema.MessageError):
+                listener._on_batch(bad)
+        listener._on_batch(batch(1, 1, final=True))
+        assert [e.rank for e in listener.run.store.events()] == [1]
+        assert listener.streams_closed == {1}
+        # The same through the channel: counted by reason.
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.connect(listener.address)
+        body = hostile.events_body(["scalar", 1, 0, 1.0, {}])
+        sock.send(hostile.message(listener.token, body, rank=0))
+        sock.send(hostile.message(listener.token, hostile.events_body(), rank=5, flags=1))
+        c = listener._collector
+        _wait_for(lambda: c.rejected == 2)
+        assert c.rejected_by_reason == {schema.RANK_MISMATCH: 1, schema.UNKNOWN_RANK: 1}
+        sock.close(linger=0)
+        ctx.term()
+        assert len(listener.run.store) == 1 and listener.streams_closed == {1}

@@ -6,12 +6,16 @@ serves a live run and a loaded recording alike. No widgets here.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
 from interactive_shard.telemetry import schema
+from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
+
+log = logging.getLogger(__name__)
 
 LOG_LINES = 8
 
@@ -47,35 +51,61 @@ class MonitorModel:
         self.ranks = [RankStatus() for _ in range(store.info.world_size)]
         # scalar name -> rank -> series
         self.scalars: dict[str, dict[int, Series]] = {}
+        self.skipped = 0  # events the model could not read (see update)
         self._cursor = 0
 
     def update(self) -> bool:
-        """Consume new events; True when anything changed."""
+        """Consume new events; True when anything changed.
+
+        An event the model cannot read (a rank outside the run, an unknown state...)
+        is skipped and counted in ``skipped`` (logged once); the events after it are
+        read as usual.
+        """
         events = self.store.events(self._cursor)
         self._cursor += len(events)
         for e in events:
-            if not 0 <= e.rank < len(self.ranks):
-                continue
-            status = self.ranks[e.rank]
-            if e.kind == schema.SCALAR:
-                name = str(e.payload.get("name", "value"))
-                value = e.payload.get("value")
-                if isinstance(value, (int, float)):
-                    series = self.scalars.setdefault(name, {}).setdefault(e.rank, Series())
-                    series.steps.append(e.step)
-                    series.values.append(float(value))
-            elif e.kind == schema.PROGRESS:
-                status.step = e.step
-                total = e.payload.get("total")
-                status.total = total if isinstance(total, int) else None
-            elif e.kind == schema.LOG:
-                status.logs.append(str(e.payload.get("text", "")))
-            elif e.kind == schema.STATE:
-                status.state = RankState(e.payload.get("state", "running"))
-                status.detail = str(e.payload.get("detail", ""))
-            if e.step > status.step and e.kind != schema.LOG:
-                status.step = e.step
+            try:
+                self._apply(e)
+            except Exception as exc:  # one event must not break the model
+                self._skip(e, exc)
         return bool(events)
+
+    def _apply(self, e: Event) -> None:
+        if not 0 <= e.rank < len(self.ranks):
+            raise ValueError(f"rank {e.rank} outside 0..{len(self.ranks) - 1}")
+        status = self.ranks[e.rank]
+        if e.kind == schema.SCALAR:
+            name = str(e.payload.get("name", "value"))
+            value = e.payload.get("value")
+            if isinstance(value, (int, float)):
+                value = float(value)  # before touching the series: may raise for huge ints
+                series = self.scalars.setdefault(name, {}).setdefault(e.rank, Series())
+                series.steps.append(e.step)
+                series.values.append(value)
+        elif e.kind == schema.PROGRESS:
+            total = e.payload.get("total")
+            status.step = e.step
+            status.total = total if isinstance(total, int) else None
+        elif e.kind == schema.LOG:
+            status.logs.append(str(e.payload.get("text", "")))
+        elif e.kind == schema.STATE:
+            state = RankState(e.payload.get("state", "running"))  # raises for unknown ones
+            status.state = state
+            status.detail = str(e.payload.get("detail", ""))
+        if e.step > status.step and e.kind != schema.LOG:
+            status.step = e.step
+
+    def _skip(self, e: Event, exc: Exception) -> None:
+        self.skipped += 1
+        if self.skipped == 1:
+            log.warning(
+                "run monitor: skipped a %r event of rank %r it cannot read (%s: %s); later "
+                "ones are counted in MonitorModel.skipped",
+                e.kind,
+                e.rank,
+                type(exc).__name__,
+                exc,
+            )
 
     @property
     def finished(self) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from interactive_shard.cluster.run import Run
 from interactive_shard.monitor.model import MonitorModel, RankState
 from interactive_shard.monitor.view import MonitorView, figure_scalars
@@ -121,3 +123,20 @@ def test_a_closed_view_leaves_the_live_registry() -> None:
     view.widget.close()
     live.tick(force=True)
     assert view not in live._views
+
+
+def test_model_skips_an_event_it_cannot_read_and_keeps_the_ones_after(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = _store()
+    store.append(Event("state", 0, 0, 0.0, {"state": "exploded"}))  # no such RankState
+    store.append(Event("scalar", 0, 1, 0.0, {"name": "loss", "value": 0.5}))
+    store.append(Event("scalar", 1, 1, 0.0, {"name": "loss", "value": 10**400}))  # no float
+    store.append(Event("state", 1, 0, 0.0, {"state": "running"}))
+    model = MonitorModel(store)
+    assert model.update()
+    assert model.scalars["loss"][0].values == [0.5]
+    assert 1 not in model.scalars["loss"]
+    assert [r.state for r in model.ranks] == [RankState.STARTING, RankState.RUNNING]
+    assert model.skipped == 2
+    assert len([r for r in caplog.records if "cannot read" in r.getMessage()]) == 1

@@ -9,6 +9,7 @@ from typing import Any
 
 import cloudpickle
 
+from interactive_shard.cluster.isolation import Rendezvous
 from interactive_shard.cluster.procs import Generation
 from interactive_shard.telemetry.channel import Collector
 
@@ -60,9 +61,9 @@ def weak(method: Any) -> Any:
 class Resources:
     """What a Cluster must release; closing is idempotent and never raises."""
 
-    def __init__(self, collector: Collector, store: Any) -> None:
+    def __init__(self, collector: Collector, rendezvous: Rendezvous) -> None:
         self.collector = collector
-        self.store = store
+        self.rendezvous = rendezvous
         self.gen: Generation | None = None
 
     def close(self) -> None:
@@ -76,4 +77,4 @@ class Resources:
             self.collector.close()
         except Exception:
             log.exception("closing the telemetry collector failed")
-        self.store = None
+        self.rendezvous.close()

@@ -6,10 +6,14 @@ Background: a notebook wants ranks that outlive one cell (build a model, then st
 it), report errors fast, and never leave processes behind.
 
 Algorithm:
-1. The kernel hosts the rendezvous ``TCPStore`` (port chosen by the OS, so clusters
-   never collide) and a telemetry ``Collector``; each generation of ranks uses a
-   fresh store prefix.
-2. Ranks start (fork where safe, else spawn), join the process group, say "ready".
+1. The kernel makes a private rendezvous directory (mode 0700, removed at close) and
+   a telemetry ``Collector`` on loopback. Each generation of ranks meets through a
+   fresh ``FileStore`` file there: no listening socket, nothing another user of the
+   machine can open (see Note [Rank isolation] in isolation.py).
+2. Ranks start (fork where safe, else spawn), each in a process group of its own
+   that dies with the kernel, drop every socket inherited from the kernel, join the
+   process group (gloo on loopback), say "ready". Stopping a rank, or seeing it die,
+   kills its whole group: the rank's own children go with it.
 3. ``run(fn)`` sends ``cloudpickle((fn, args, kwargs))`` to every rank; each replies
    "done" with its pickled result or "error" with its traceback. A supervisor
    thread turns replies, output lines and process deaths into ``Run`` updates.
@@ -24,7 +28,6 @@ stuck in C++ code ignores interrupts; it is killed after a grace period.
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import logging
 import os
@@ -36,9 +39,10 @@ import warnings
 import weakref
 from typing import Any
 
-from interactive_shard.cluster import options
+from interactive_shard.cluster import isolation, options
 from interactive_shard.cluster._support import Resources, pickle_call, preimport_for_fork, weak
 from interactive_shard.cluster.errors import RankError
+from interactive_shard.cluster.isolation import Rendezvous
 from interactive_shard.cluster.procs import Generation, describe_exit
 from interactive_shard.cluster.run import Run
 from interactive_shard.cluster.worker import WorkerConfig
@@ -84,7 +88,7 @@ class Cluster:
         telemetry_token: str | None = None,
     ) -> None:
         import torch
-        import torch.distributed as dist
+        import torch.distributed  # imported here, so that forked ranks inherit it
 
         if not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
@@ -116,13 +120,9 @@ class Cluster:
         collector = Collector(
             weak(self._on_batch), host=telemetry_host, port=telemetry_port, token=telemetry_token
         )
-        store = dist.TCPStore(
-            "127.0.0.1", 0, None, True,
-            timeout=datetime.timedelta(seconds=self.timeout), wait_for_workers=False,
-        )  # fmt: skip
         # Everything that must be released, held apart from self so that garbage
         # collection of the Cluster can run the finalizer (no orphan ranks).
-        self._res = Resources(collector, store)
+        self._res = Resources(collector, Rendezvous())
         self._finalizer = weakref.finalize(self, self._res.close)
         try:
             self._start()
@@ -246,6 +246,8 @@ class Cluster:
         self._startup_errors.clear()
         self._rank_states = [RankState.STARTING] * self.nprocs
         address, token = self._collector.address, self._collector.token
+        forkserver = self.placement.start_method == "forkserver"  # the ranks' parent
+        pdeathsig = isolation.pdeathsig_is_safe(self.placement.start_method)
         configs = [
             WorkerConfig(
                 rank=r,
@@ -253,13 +255,12 @@ class Cluster:
                 device=self.devices[r],
                 backend=self.backend,
                 threads=self.placement.threads,
-                store_host="127.0.0.1",
-                store_port=self._res.store.port,
-                generation=self._generation_no,
+                store_file=self._res.rendezvous.store_file(self._generation_no),
                 timeout=self.timeout,
                 telemetry_address=address,
                 telemetry_token=token,
-                parent_pid=os.getpid(),
+                parent_pid=0 if forkserver else os.getpid(),
+                pdeathsig=pdeathsig,
             )
             for r in range(self.nprocs)
         ]

@@ -2,8 +2,9 @@
 
 A supervisor thread waits on every rank's control pipe, stdout/stderr pipes and
 process sentinel at once (``multiprocessing.connection.wait``), and hands what it
-sees to callbacks. Killing and starting happen on the caller's thread (usually the
-notebook's main thread), never on the supervisor.
+sees to callbacks. Starting and killing happen on the caller's thread (usually the
+notebook's main thread; that thread matters, see Note [Rank isolation]); the
+supervisor only kills what a rank that died left behind (its process group).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from interactive_shard.cluster import isolation
 from interactive_shard.cluster.worker import WorkerConfig, main
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,27 @@ class RankProc:
     ready: bool = False
     exit_reported: bool = False
     partial: dict[str, bytes] = field(default_factory=dict)
+    # Held while reaping or signalling: a reaped pid may be reused, so no signal may be
+    # sent to it between the check and the kill.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the rank's process group (its children too) and, unreaped, the rank."""
+        with self.lock:
+            if not self.process.pid:
+                return  # never started
+            # A reaped rank's pid may name another process by now, but not while its
+            # group has members: the kernel does not reuse an id that a group carries.
+            running = self.process.exitcode is None
+            isolation.kill_group(self.process.pid, sig, leader=running)
+
+    def join(self, timeout: float) -> None:
+        with self.lock:
+            self.process.join(timeout=timeout)
+
+    def is_alive(self) -> bool:
+        with self.lock:
+            return bool(self.process.is_alive())
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -74,6 +97,9 @@ class Generation:
             proc.start()
             for end in (child_conn, outs["stdout"][1], outs["stderr"][1]):
                 end.close()  # the child holds these now; EOF reaches us when it dies
+            for read_end, _ in outs.values():
+                # A pipe found readable may have been drained since: never block on it.
+                os.set_blocking(read_end.fileno(), False)
             self.ranks.append(
                 RankProc(cfg.rank, proc, parent_conn, {s: p[0] for s, p in outs.items()})
             )
@@ -95,10 +121,12 @@ class Generation:
                 if what == "control":
                     self._read_control(rank, obj, watched)
                 elif what == "exit":
+                    # Its children go with it (before the reap: the pid is still ours).
+                    rank.kill_group()
                     # Drain output first so the last stderr lines explain the death.
                     del watched[obj]
                     self._drain(rank, watched)
-                    rank.process.join(timeout=1)
+                    rank.join(timeout=1)
                     rank.exit_reported = True
                     self._on_exit(rank.rank, rank.process.exitcode)
                 else:
@@ -112,11 +140,15 @@ class Generation:
             return
         if msg[0] == "ready":
             rank.pid, rank.ready = msg[1], True
+        else:  # the rank flushed before replying: its run's output is in the pipes now
+            self._drain_output(rank, watched)
         self._on_message(rank.rank, msg)
 
     def _read_output(self, rank: RankProc, stream: str, conn: Connection, watched: dict) -> None:
         try:
             data = os.read(conn.fileno(), 65536)
+        except BlockingIOError:
+            return  # drained already (see _drain_output)
         except OSError:
             data = b""
         if not data:
@@ -130,6 +162,13 @@ class Generation:
         for line in lines:
             self._on_output(rank.rank, stream, line.decode(errors="replace").rstrip("\r"))
 
+    def _drain_output(self, rank: RankProc, watched: dict, max_reads: int = 64) -> None:
+        for stream, conn in rank.outputs.items():
+            for _ in range(max_reads):  # bounded: a thread of the rank may print on
+                if conn not in watched or not conn.poll(0):
+                    break
+                self._read_output(rank, stream, conn, watched)
+
     def _drain(self, rank: RankProc, watched: dict) -> None:
         for stream, conn in rank.outputs.items():
             while conn in watched and conn.poll(0):
@@ -142,33 +181,41 @@ class Generation:
         self.ranks[rank].conn.send(msg)
 
     def signal(self, ranks: list[int], sig: int) -> None:
+        """Send ``sig`` to ranks; SIGKILL takes each rank's process group with it."""
         for r in ranks:
-            proc = self.ranks[r].process
-            if proc.is_alive() and proc.pid:
-                try:
-                    os.kill(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
+            rank = self.ranks[r]
+            if sig == signal.SIGKILL:
+                rank.kill_group()
+                continue
+            with rank.lock:
+                if rank.process.is_alive() and rank.process.pid:
+                    try:
+                        os.kill(rank.process.pid, sig)
+                    except ProcessLookupError:
+                        pass
 
     def alive(self) -> list[int]:
-        return [r.rank for r in self.ranks if r.process.is_alive()]
+        return [r.rank for r in self.ranks if r.is_alive()]
 
     def stop(self, *, graceful: bool, grace_s: float = 3.0) -> None:
-        """Ask ranks to leave (graceful) or kill them; always reap every process."""
+        """Ask ranks to leave (graceful) or kill them; kill what they leave; reap all."""
         if graceful:
             for r in self.ranks:
                 try:
                     r.conn.send(("stop",))
                 except (OSError, ValueError):
                     pass
+            # Wait on the sentinels, not join(): an unreaped rank keeps its pid, so its
+            # group can be killed below without racing pid reuse.
+            pending = [r.process.sentinel for r in self.ranks]
             deadline = time.monotonic() + grace_s
-            for r in self.ranks:
-                r.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            while pending and (left := deadline - time.monotonic()) > 0:
+                for done in wait(pending, timeout=left):
+                    pending.remove(done)
         for r in self.ranks:
-            if r.process.is_alive():
-                r.process.kill()
+            r.kill_group()  # ranks still running, and whatever the ranks started
         for r in self.ranks:
-            r.process.join(timeout=5)
+            r.join(timeout=5)
         self._stop.set()
         self._thread.join(timeout=2)
         for r in self.ranks:

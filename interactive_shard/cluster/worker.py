@@ -26,14 +26,14 @@ import os
 import pickle
 import signal
 import sys
-import threading
-import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
+
+from interactive_shard.cluster import isolation
 
 
 @dataclass(frozen=True)
@@ -43,19 +43,27 @@ class WorkerConfig:
     device: str
     backend: str
     threads: int
-    store_host: str
-    store_port: int
-    generation: int
+    store_file: str  # this generation's FileStore, in the cluster's private directory
     timeout: float
     telemetry_address: str
     telemetry_token: str
-    parent_pid: int
+    parent_pid: int  # the rank dies with it; 0: with the parent it starts with (forkserver)
+    pdeathsig: bool  # the thread that starts the rank outlives it (Note [Rank isolation])
+
+
+_reaper: Any = None  # the group reaper's Popen, kept so it is never collected
 
 
 def main(cfg: WorkerConfig, conn: Connection, out_w: Connection, err_w: Connection) -> None:
+    global _reaper
+    # Order matters, see Note [Rank isolation]: follow the parent before anything else.
+    isolation.die_with_parent(cfg.parent_pid, pdeathsig=cfg.pdeathsig)
+    isolation.own_session()
     _redirect_output(out_w, err_w)
+    isolation.drop_inherited_sockets({conn.fileno(), out_w.fileno(), err_w.fileno()})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only a running function is interruptible
-    _watch_parent(cfg.parent_pid)
+    _reaper = isolation.start_group_reaper()
+    isolation.keep_collectives_on_loopback()
     try:
         ctx = _start(cfg)
     except BaseException:
@@ -73,17 +81,6 @@ def _redirect_output(out_w: Connection, err_w: Connection) -> None:
     sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", 0, closefd=False), line_buffering=True)
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit as soon as the kernel is gone: no orphan ranks, even after kill -9 of it."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.2)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="ish-parent-watch", daemon=True).start()
-
-
 def _start(cfg: WorkerConfig) -> Any:
     import torch
     import torch.distributed as dist
@@ -96,9 +93,9 @@ def _start(cfg: WorkerConfig) -> Any:
     if cfg.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(cfg.device))
     timeout = datetime.timedelta(seconds=cfg.timeout)
-    client = dist.TCPStore(cfg.store_host, cfg.store_port, None, False, timeout=timeout)
-    # A fresh prefix per generation: a restarted cluster never sees stale keys.
-    store = dist.PrefixStore(f"ish/gen{cfg.generation}", client)
+    # A fresh file per generation: a restarted cluster never sees stale keys.
+    store = dist.FileStore(cfg.store_file, cfg.world_size)
+    store.set_timeout(timeout)
     dist.init_process_group(
         cfg.backend, store=store, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout
     )

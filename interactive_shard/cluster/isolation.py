@@ -1,0 +1,218 @@
+"""Keep a cluster's ranks to themselves: a private rendezvous, loopback-only sockets,
+no inherited sockets, and no process left behind.
+
+Note [Rank isolation]
+---------------------
+Background: a single-machine cluster needs no network. Yet a ``TCPStore`` listens on
+every interface (``:::PORT``, whatever host it is given) and lets anyone who connects
+read and write its keys; gloo listens on the address the hostname resolves to (often
+the LAN); and a forked rank inherits every descriptor of the kernel (Jupyter's zmq
+sockets, the telemetry collector, any listening socket). A rank killed with SIGKILL
+leaves its own children running, and so does a kernel killed with SIGKILL; a rank
+stuck in a C call that holds the GIL never runs a Python watchdog thread.
+
+Algorithm:
+1. Rendezvous: a ``FileStore`` file per generation in a directory that
+   ``tempfile.mkdtemp`` creates with mode 0700; the kernel removes it at close. No
+   socket: other users of the machine cannot open it (root and our own user can).
+2. gloo: the rank sets ``GLOO_SOCKET_IFNAME`` to the loopback interface before it
+   creates a process group (also covers ``new_group`` and device meshes).
+3. First thing in the rank: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (Linux), then a
+   re-check of ``os.getppid()`` (the parent may have died before the call). The
+   kernel delivers the signal: no Python, no GIL needed.
+4. The rank calls ``setsid()``: it leads a process group of its own, which its
+   children join. The kernel kills that whole group when it stops a rank or sees one
+   die (``kill_group``), and a tiny *group reaper* process in the group (started by
+   the rank; its own PDEATHSIG tells it when the rank died) kills the group when the
+   rank dies while the kernel cannot, e.g. after kill -9 of the kernel.
+5. Every socket the rank inherited is replaced by ``/dev/null`` (``dup2``), except
+   the control pipe, and the signal wakeup fd is reset. Replaced, not closed: a
+   stale inherited Python object closing "its" number later (or a signal handler
+   writing to it) must not hit a socket the rank opened since. spawn and forkserver
+   children inherit nothing, the scan finds no socket there.
+6. Every rank also runs a watchdog thread that polls ``os.getppid()`` and kills its
+   group: the only line where PDEATHSIG is missing, a second one where it is not.
+
+Caveats:
+* PDEATHSIG fires when the *thread* that forked the rank exits, not the process.
+  Ranks are started on the caller's thread: ``Cluster()``, ``restart()``, and
+  ``run.wait()``/``cluster.run()`` (restart after a failure) on the notebook's main
+  thread, and from ``ui.live`` polling, which runs on the kernel's event loop (also
+  the main thread). Nothing in the package starts ranks from a thread of its own. A
+  cluster created or restarted from another thread gets no PDEATHSIG (that thread
+  may end long before the kernel): the watchdog alone covers it.
+* With forkserver the rank's parent is the fork server, which exits when the kernel
+  dies; PDEATHSIG and the watchdog follow the fork server.
+* Elsewhere (macOS) there is no PDEATHSIG and no reaper, only the watchdog; a rank
+  holding the GIL defeats it.
+* A child that leaves the rank's process group (``setsid``, ``start_new_session``)
+  is not covered. A kernel killed with SIGKILL leaves its rendezvous directory (one
+  small file) in the temporary directory.
+* Root and our own user can still read and write the rendezvous file (and ptrace
+  the ranks); any local user can connect to gloo's loopback sockets while a group
+  lives (gloo has no authentication).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+# Run by ``python -I -S -c``: stdlib only, no site, about 10 ms to start.
+_REAPER = """
+import ctypes, os, signal, sys
+leader = int(sys.argv[1])
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+ctypes.CDLL(None).prctl(1, int(signal.SIGHUP))
+while os.getppid() == leader:
+    signal.sigwait({signal.SIGHUP})
+if os.getpgrp() == leader:
+    os.killpg(leader, signal.SIGKILL)
+"""
+
+
+# -- kernel side -----------------------------------------------------------------------------
+class Rendezvous:
+    """A private directory holding one ``FileStore`` file per generation of ranks."""
+
+    def __init__(self) -> None:
+        self.path = tempfile.mkdtemp(prefix="ish-rendezvous-")  # mode 0700, ours
+
+    def store_file(self, generation: int) -> str:
+        """The file of a new generation; earlier generations' files go (all stopped)."""
+        for name in os.listdir(self.path):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.path, name))
+        return os.path.join(self.path, f"gen{generation}")
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def pdeathsig_is_safe(start_method: str) -> bool:
+    """PDEATHSIG follows the forking thread: only arm it when that thread lasts."""
+    return start_method == "forkserver" or threading.current_thread() is threading.main_thread()
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL, *, leader: bool = True) -> None:
+    """Signal a rank's process group (its id is the rank's pid, see ``own_session``)
+    and, when ``leader`` (it is not reaped yet), the rank itself: before ``setsid()``
+    ran in it there is no group to signal."""
+    kills = (os.killpg, os.kill) if leader else (os.killpg,)
+    for kill in kills:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, sig)
+
+
+# -- rank side -------------------------------------------------------------------------------
+def die_with_parent(parent_pid: int, *, pdeathsig: bool) -> None:
+    """Make sure this rank dies with ``parent_pid`` (0: the parent it has now)."""
+    parent = parent_pid or os.getppid()
+    if pdeathsig and sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL)) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    if os.getppid() != parent:  # it died before we could ask to follow it
+        os._exit(1)
+    _watch_parent(parent)
+
+
+def _watch_parent(parent: int) -> None:
+    """Fallback without PDEATHSIG (and a second line with it): poll for the parent."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        if os.getpgrp() == os.getpid():
+            os.killpg(0, signal.SIGKILL)  # the rank and its children
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ish-parent-watch", daemon=True).start()
+
+
+def own_session() -> None:
+    """Lead a new session and process group, so the rank's children can be found."""
+    try:
+        os.setsid()
+    except OSError:  # already a group leader: keep going, kill_group then finds no group
+        log.debug("setsid failed", exc_info=True)
+
+
+def start_group_reaper() -> subprocess.Popen | None:
+    """Start the process that kills this rank's group once the rank died (Linux)."""
+    if not sys.platform.startswith("linux") or not sys.executable:
+        return None
+    if os.getpgrp() != os.getpid():
+        return None  # not our own group: killing it could take the kernel with it
+    cmd = [sys.executable, "-I", "-S", "-c", _REAPER, str(os.getpid()), "ish-group-reaper"]
+    try:
+        return subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    except OSError:
+        log.warning("could not start the group reaper", exc_info=True)
+        return None
+
+
+def drop_inherited_sockets(keep: set[int]) -> int:
+    """Replace every socket descriptor but ``keep`` (and 0-2) by /dev/null; how many."""
+    folder = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+    with contextlib.suppress(ValueError, OSError):  # a signal would write to a zmq socket
+        signal.set_wakeup_fd(-1)
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    dropped = 0
+    try:
+        for name in os.listdir(folder):
+            fd = int(name)
+            if fd <= 2 or fd in keep or fd == devnull:
+                continue
+            try:
+                if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    continue
+            except OSError:  # the listing's own descriptor, already closed
+                continue
+            os.dup2(devnull, fd, inheritable=False)
+            dropped += 1
+    finally:
+        os.close(devnull)
+    return dropped
+
+
+def loopback_interface() -> str | None:
+    """The loopback interface's name ("lo" on Linux, "lo0" on macOS), if any."""
+    names = [name for _, name in socket.if_nameindex()]
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    return next((n for n in names if n.startswith("lo")), None)
+
+
+def keep_collectives_on_loopback() -> None:
+    """Make gloo (and NCCL's bootstrap) sockets of this rank bind to loopback.
+
+    Both libraries read these variables when a process group is created; a
+    single-machine cluster never needs another interface, whatever the user's
+    environment says (it may be set for multi-host jobs).
+    """
+    name = loopback_interface()
+    if name is None:
+        log.warning("no loopback interface found; gloo picks its own address")
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = name
+    os.environ["NCCL_SOCKET_IFNAME"] = name

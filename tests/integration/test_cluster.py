@@ -68,6 +68,18 @@ def test_output_is_kept_per_rank(cluster: ish.Cluster) -> None:
     assert streams == {"stdout", "stderr"}
 
 
+def test_output_is_complete_when_the_run_returns(cluster: ish.Cluster) -> None:
+    # The reply and the output travel on different pipes: the kernel must read the
+    # output a rank flushed before its reply first (this lost lines in 1% of runs).
+    def talk(ctx):
+        print(f"out {ctx.rank}")
+        os.write(2, f"raw {ctx.rank}\n".encode())
+
+    for _ in range(200):
+        run = cluster.run(talk)
+        assert [sorted(run.logs(r)) for r in range(2)] == [["out 0", "raw 0"], ["out 1", "raw 1"]]
+
+
 def test_events_and_scalars_reach_the_store(cluster: ish.Cluster) -> None:
     def train(ctx):
         for step in ctx.steps(20):

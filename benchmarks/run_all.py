@@ -54,6 +54,7 @@ def main() -> int:
     parser.add_argument("-k", default="", help="only scripts whose name contains this")
     args, extra = parser.parse_known_args()
     scripts = sorted(p for p in HERE.glob("bench_*.py") if args.k in p.name)
+    scripts += [p for p in [HERE / "soak.py"] if args.k in p.name]  # last: minutes
     if not scripts:
         print(f"no benchmarks/bench_*.py matching {args.k!r}")
         return 1

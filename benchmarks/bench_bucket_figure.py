@@ -16,9 +16,9 @@ from typing import Any
 from interactive_shard.buckets.figures import figure_bucket_map
 from interactive_shard.buckets.figures_timeline import figure_bucket_timeline, report_figures
 from interactive_shard.buckets.model import BucketMap
-from interactive_shard.buckets.synthetic import FakeParam, FakeRun
 from interactive_shard.buckets.view import BucketMapView
 from interactive_shard.telemetry.store import RunInfo, RunStore
+from interactive_shard.testing import FakeParam, FakeRun
 
 PARAMS, BUCKETS, REPEAT = 1000, 100, 5
 PARAM_BYTES = 32 * 32 * 4

@@ -1,8 +1,8 @@
 """BucketMap: what DDP did with its gradient buckets in a run, and what it should have done.
 
-Consumes the ``ddp_watch``, ``bucket`` and ``ddp_iteration`` events of a ``RunStore``
-(schema: ``docs/bucket-events.md``) incrementally with a cursor, so it serves a live run
-and a loaded recording alike. Every accessor first consumes new events. The planned
+Consumes the bucket events of a ``RunStore`` (``events.py``, ``docs/events.md``)
+incrementally with a cursor, so it serves a live run and a loaded recording alike.
+Every accessor first consumes new events. The planned
 layout comes from the pure planner (``plan.py``) fed with what the ranks recorded: the
 parameter shapes and dtypes, DDP's settings and the gradient-ready order. No widgets.
 """
@@ -72,23 +72,21 @@ class BucketMap:
         return changed
 
     def _consume(self, kind: str, rank: int, payload: dict[str, Any]) -> None:
-        if kind == records.WATCH:
-            info = records.parse_watch(rank, payload)
+        record = records.decode(rank, kind, payload)
+        if isinstance(record, WatchInfo):
             if rank in self._infos:  # watching again restarts the rank's iteration count
                 self._forget(rank)
-            self._infos[rank] = info
+            self._infos[rank] = record
             self._plans.clear()
             self._dirty.update(self._iterations)
-        elif kind == records.BUCKET:
-            iteration, bucket = records.parse_bucket(payload)
-            self._buckets.setdefault((iteration, rank), {})[bucket.index] = bucket
-            self._iterations.add(iteration)
+        elif isinstance(record, ObservedBucket):
+            self._buckets.setdefault((record.iteration, rank), {})[record.index] = record
+            self._iterations.add(record.iteration)
         else:
-            iteration, record = records.parse_iteration(payload)
-            self._records[(iteration, rank)] = record
-            self._iterations.add(iteration)
-            self._dirty.add(iteration)
-            if iteration <= 2:  # the ready order the plan uses may have changed
+            self._records[(record.iteration, rank)] = record
+            self._iterations.add(record.iteration)
+            self._dirty.add(record.iteration)
+            if record.iteration <= 2:  # the ready order the plan uses may have changed
                 self._plans.clear()
 
     def _forget(self, rank: int) -> None:
@@ -122,10 +120,6 @@ class BucketMap:
         """The ``ddp_watch`` report of the lowest rank (all ranks wrap the same model)."""
         self.update()
         return self._infos[min(self._infos)] if self._infos else None
-
-    def info_for(self, rank: int) -> WatchInfo | None:
-        self.update()
-        return self._infos.get(rank)
 
     def observed(self, iteration: int, rank: int = 0) -> list[ObservedBucket]:
         """Buckets of ``iteration`` on ``rank`` by index ([] until they are reported)."""
@@ -270,7 +264,8 @@ class BucketMap:
 
         from interactive_shard.buckets.view import BucketMapView
 
-        display(BucketMapView(self).widget)  # the widget keeps its view alive
+        # The widget keeps its view alive.
+        display(BucketMapView(self).widget)  # type: ignore[no-untyped-call, unused-ignore]
 
     def __repr__(self) -> str:
         its = self.iterations

@@ -1,4 +1,5 @@
-"""BucketMap fed with events in the exact schema of docs/bucket-events.md."""
+"""BucketMap fed with events built from their Structs (``buckets/events.py``), as the
+probe builds them, and with malformed payloads."""
 
 from __future__ import annotations
 
@@ -6,14 +7,18 @@ import math
 from typing import Any
 
 import pytest
+from msgspec.structs import asdict
 
 from interactive_shard.buckets.analysis import DIVERGENCE, UNREADY
+from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWatch
 from interactive_shard.buckets.model import BucketMap
-from interactive_shard.buckets.synthetic import FakeParam, FakeRun, mlp_params
+from interactive_shard.monitor.events import Log
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunInfo, RunStore
+from interactive_shard.testing import FakeParam, FakeRun, mlp_params
 
 MIB = 2**20
+WATCH, BUCKET, ITERATION = DdpWatch.KIND, BucketReduced.KIND, DdpIteration.KIND
 
 
 def store_of(events: list[Event], world_size: int = 2) -> RunStore:
@@ -27,54 +32,58 @@ def bucket_map(run: FakeRun) -> BucketMap:
 
 
 def watch(rank: int = 0, **over: Any) -> Event:
-    payload = {
-        "fqns": ["a.weight", "b.weight"],
-        "shapes": [[4, 4], [4]],
-        "dtypes": ["torch.float32", "torch.float32"],
-        "modules": ["a", "b"],
-        "module_types": ["Linear", "Linear"],
-        "bucket_cap_mb": None,
-        "bucket_cap_mb_list": None,
-        "bucket_bytes_cap": 25 * MIB,
-        "first_bucket_bytes": MIB,
-        "find_unused_parameters": False,
-        "static_graph": False,
-        "world_size": 2,
-        "user_hook": None,
-        "checksum": "sampled",
-        **over,
-    }
-    return Event("ddp_watch", rank, 0, 0.0, payload)
+    info = DdpWatch(
+        **{
+            "fqns": ["a.weight", "b.weight"],
+            "shapes": [(4, 4), (4,)],
+            "dtypes": ["torch.float32", "torch.float32"],
+            "modules": ["a", "b"],
+            "module_types": ["Linear", "Linear"],
+            "bucket_cap_mb": None,
+            "bucket_cap_mb_list": None,
+            "bucket_bytes_cap": 25 * MIB,
+            "first_bucket_bytes": MIB,
+            "find_unused_parameters": False,
+            "static_graph": False,
+            "world_size": 2,
+            "user_hook": None,
+            "checksum": "sampled",
+            **over,
+        }
+    )
+    return Event(info.KIND, rank, 0, 0.0, asdict(info))
 
 
 def bucket(rank: int, iteration: int, index: int, fqns: list[str], **times: float) -> Event:
-    payload = {
-        "iteration": iteration,
-        "index": index,
-        "fqns": fqns,
-        "shapes": [[4]] * len(fqns),
-        "dtypes": ["torch.float32"] * len(fqns),
-        "nbytes": 16 * len(fqns),
-        "ready_t": times.get("ready", 0.0),
-        "start_t": times.get("start", 0.0),
-        "end_t": times.get("end", 0.0),
-        "is_last": False,
-    }
-    return Event("bucket", rank, iteration, 0.0, payload)
+    reduced = BucketReduced(
+        iteration=iteration,
+        index=index,
+        fqns=fqns,
+        shapes=[(4,)] * len(fqns),
+        dtypes=["torch.float32"] * len(fqns),
+        nbytes=16 * len(fqns),
+        ready_t=times.get("ready", 0.0),
+        start_t=times.get("start", 0.0),
+        end_t=times.get("end", 0.0),
+        is_last=False,
+    )
+    return Event(reduced.KIND, rank, iteration, 0.0, asdict(reduced))
 
 
 def iteration(rank: int, it: int, **over: Any) -> Event:
-    payload = {
-        "iteration": it,
-        "backward_start": 10.0,
-        "backward_end": 10.010,
-        "ready_order": ["b.weight", "a.weight"],
-        "ready_t": [10.001, 10.010],
-        "unready": [],
-        "checksums": {"a.weight": 1.5, "b.weight": -2.0},
-        **over,
-    }
-    return Event("ddp_iteration", rank, it, 0.0, payload)
+    summary = DdpIteration(
+        **{
+            "iteration": it,
+            "backward_start": 10.0,
+            "backward_end": 10.010,
+            "ready_order": ["b.weight", "a.weight"],
+            "ready_t": [10.001, 10.010],
+            "unready": [],
+            "checksums": {"a.weight": 1.5, "b.weight": -2.0},
+            **over,
+        }
+    )
+    return Event(summary.KIND, rank, it, 0.0, asdict(summary))
 
 
 # -- consuming events -------------------------------------------------------------------------
@@ -97,7 +106,7 @@ def test_update_is_incremental_and_counts_revisions() -> None:
     bm = BucketMap(store)
     assert bm.update() and bm.revision == 1
     assert not bm.update() and bm.revision == 1
-    store.append(Event("log", 0, 0, 0.0, {"stream": "stdout", "text": "hi"}))
+    store.append(Event(Log.KIND, 0, 0, 0.0, asdict(Log(stream="stdout", text="hi"))))
     assert not bm.update()
     store.append(bucket(0, 2, 0, ["a.weight", "b.weight"]))
     assert bm.iterations == [2] and bm.revision == 2  # accessors consume new events
@@ -112,11 +121,11 @@ def test_iterations_count_from_one(bad: Any) -> None:
 
 def test_malformed_events_are_skipped_and_counted(caplog: pytest.LogCaptureFixture) -> None:
     bad = [
-        Event("bucket", 0, 1, 0.0, {"iteration": 1, "index": 0}),  # no fqns
-        Event("bucket", 0, 1, 0.0, {**bucket(0, 1, 0, ["x"]).payload, "index": True}),
-        Event("ddp_watch", 1, 0, 0.0, {**watch(1).payload, "shapes": [[4, 4]]}),  # too short
-        Event("ddp_iteration", 0, 1, 0.0, {**iteration(0, 1).payload, "ready_t": [1.0]}),
-        Event("bucket", 0, 1, 0.0, {**bucket(0, 1, 0, ["x"]).payload, "iteration": 0}),
+        Event(BUCKET, 0, 1, 0.0, {"iteration": 1, "index": 0}),  # no fqns
+        Event(BUCKET, 0, 1, 0.0, {**bucket(0, 1, 0, ["x"]).payload, "index": True}),
+        Event(WATCH, 1, 0, 0.0, {**watch(1).payload, "shapes": [[4, 4]]}),  # too short
+        Event(ITERATION, 0, 1, 0.0, {**iteration(0, 1).payload, "ready_t": [1.0]}),
+        Event(BUCKET, 0, 1, 0.0, {**bucket(0, 1, 0, ["x"]).payload, "iteration": 0}),
     ]
     bm = BucketMap(store_of([watch(0), *bad, bucket(0, 1, 0, ["a.weight"])]))
     assert bm.iterations == [1] and bm.skipped == len(bad) and bm.ranks == [0]

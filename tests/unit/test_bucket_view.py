@@ -14,6 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
+from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWatch
 from interactive_shard.buckets.figures import figure_bucket_map
 from interactive_shard.buckets.figures_timeline import (
     NO_FINDINGS,
@@ -22,11 +23,11 @@ from interactive_shard.buckets.figures_timeline import (
 )
 from interactive_shard.buckets.model import BucketMap
 from interactive_shard.buckets.segments import DIFF, MAX_LEGEND_MODULES
-from interactive_shard.buckets.synthetic import FakeParam, FakeRun, mlp_params
 from interactive_shard.buckets.view import BucketMapView, report_figures
 from interactive_shard.cluster.run import Run
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunInfo, RunStore
+from interactive_shard.testing import FakeParam, FakeRun, mlp_params
 from interactive_shard.ui import live
 from interactive_shard.ui.colors import PALETTE
 
@@ -217,7 +218,10 @@ def twice(end_t: float | None) -> BucketMap:
         "repeated": ["layer.weight", "layer.bias"],
         "checksums": {},
     }
-    events = [Event("bucket", 0, 1, 0.0, bucket), Event("ddp_iteration", 0, 1, 0.0, iteration)]
+    events = [
+        Event(BucketReduced.KIND, 0, 1, 0.0, bucket),
+        Event(DdpIteration.KIND, 0, 1, 0.0, iteration),
+    ]
     return make_map(FakeRun(mlp_params(1, 4)), events=events)
 
 
@@ -319,7 +323,7 @@ def test_refresh_follows_a_live_run_and_skips_needless_redraws(
 ) -> None:
     run = FakeRun(mlp_params(3, 16), bucket_cap_mb=0.002, iterations=3)
     events = run.events()
-    bm = make_map(run, events=[e for e in events if e.kind == "ddp_watch"])
+    bm = make_map(run, events=[e for e in events if e.kind == DdpWatch.KIND])
     view = BucketMapView(bm)
     view.widget  # noqa: B018
     assert view.iteration is None and "No bucket data" in view.map_figure.layout.title.text

@@ -1,0 +1,59 @@
+"""The monitor's events: what every run records about its ranks, one Struct per kind.
+
+The kinds are the built-in ones of ``telemetry/schema.py``: the Cluster, the Run and
+``ctx.steps`` emit them, and ``MonitorModel`` reads them. A user's rank code sends
+scalars with ``ctx.emit("scalar", name="loss", value=loss.item())``: a line per rank.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+import msgspec
+from msgspec import Meta
+
+from interactive_shard.monitor.model import RankState
+from interactive_shard.telemetry import schema
+
+
+class Log(msgspec.Struct, kw_only=True, frozen=True):
+    """One line a rank wrote to its stdout or stderr (noted in the kernel, step 0)."""
+
+    KIND: ClassVar[str] = schema.LOG
+
+    stream: Annotated[Literal["stdout", "stderr"], Meta(description="where it was written")]
+    text: Annotated[str, Meta(description="the line, without its line break")]
+
+
+class Scalar(msgspec.Struct, kw_only=True, frozen=True):
+    """A number the rank's code reports at its current step (``ctx.emit("scalar", ...)``).
+
+    The monitor plots one line per name and rank, against ``Event.step``; a value that
+    is not a number is ignored.
+    """
+
+    KIND: ClassVar[str] = schema.SCALAR
+
+    name: Annotated[str, Meta(description='what the value is, e.g. `"loss"`')] = "value"
+    value: Annotated[float, Meta(description="the number (an int is read as a float)")]
+
+
+class Progress(msgspec.Struct, kw_only=True, frozen=True):
+    """Each step of ``ctx.steps(total)``, as it begins: ``Event.step`` is that step."""
+
+    KIND: ClassVar[str] = schema.PROGRESS
+
+    total: Annotated[int | None, Meta(description="the last step (null: not known)")]
+
+
+class State(msgspec.Struct, kw_only=True, frozen=True):
+    """A rank's state changed (noted in the kernel, step 0). A Run's ranks go running ->
+    finished or failed."""
+
+    KIND: ClassVar[str] = schema.STATE
+
+    state: Annotated[RankState, Meta(description="a `RankState` (`monitor/model.py`)")]
+    detail: Annotated[str, Meta(description="why, in words (e.g. the error of a failed rank)")] = ""
+
+
+EVENTS = (Log, Scalar, Progress, State)  # in docs/events.md, in this order

@@ -11,20 +11,24 @@ no feature folder imports another through this list.
 
 An entry's parts:
 
-* ``kinds``: the event kinds its model reads (``docs/events.md`` lists them all).
+* ``events``: ``"module:EVENTS"``, a tuple of the msgspec Structs of the events its
+  model reads, one per kind (``KIND``); ``kinds`` derives from it, and
+  ``tools/gen_event_docs.py`` writes them all into ``docs/events.md``.
 * ``model``: ``Model(store)``; it consumes the store's new events in ``update()``.
 * ``figures``: a pure function ``model -> list[go.Figure]`` for the report (a figure
   module: plotly only, no ipywidgets).
 * ``view``: ``View(model)`` with a lazily built ``.widget``; what display shows.
 * ``probe``: ``"module"`` with ``fits(obj) -> bool``, ``OPTIONS`` (the keyword
-  arguments it takes) and ``attach(obj, **options)`` returning a handle with
-  ``detach()``; ``ish.watch`` attaches every probe whose ``fits`` accepts the object.
+  arguments it takes), ``WATCHES`` (what it can watch, in words) and
+  ``attach(obj, **options)`` returning a handle with ``detach()``; ``ish.watch``
+  attaches every probe whose ``fits`` accepts the object.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -44,13 +48,22 @@ class Feature:
     model: str
     view: str
     figures: str
-    kinds: frozenset[str] = field(default_factory=frozenset)
+    events: str | None = None  # "module:EVENTS": the event Structs its model reads
     probe: str | None = None
     always: bool = False  # in the report even when none of its kinds was recorded
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"Feature name {self.name!r} must be a Python identifier")
+
+    def event_types(self) -> tuple[Any, ...]:
+        """The event Structs its model reads (imported on first use)."""
+        return tuple(load(self.events)) if self.events else ()
+
+    @functools.cached_property
+    def kinds(self) -> frozenset[str]:
+        """The event kinds its model reads: the ``KIND`` of each of its ``events``."""
+        return frozenset(event.KIND for event in self.event_types())
 
     def build_model(self, store: Any) -> Any:
         return load(self.model)(store)
@@ -73,7 +86,7 @@ FEATURES: tuple[Feature, ...] = (
         model="interactive_shard.monitor.model:MonitorModel",
         view="interactive_shard.monitor.view:MonitorView",
         figures="interactive_shard.monitor.figures:report_figures",
-        kinds=frozenset({"log", "scalar", "progress", "state"}),
+        events="interactive_shard.monitor.events:EVENTS",
         always=True,
     ),
     Feature(
@@ -82,7 +95,7 @@ FEATURES: tuple[Feature, ...] = (
         model="interactive_shard.buckets.model:BucketMap",
         view="interactive_shard.buckets.view:BucketMapView",
         figures="interactive_shard.buckets.figures_timeline:report_figures",
-        kinds=frozenset({"ddp_watch", "bucket", "ddp_iteration"}),
+        events="interactive_shard.buckets.events:EVENTS",
         probe="interactive_shard.buckets.probe",
     ),
 )

@@ -1,7 +1,8 @@
 """Inputs of the bucket planner: which parameters DDP reduces, and their ready order.
 
-``collect_params`` lists the parameters exactly as DDP's ``_build_params_for_reducer``
-does (its list index is the reducer's parameter index); ``observe_ready_order`` runs one
+``reducer_params`` lists the parameters exactly as DDP's ``_build_params_for_reducer``
+does (its list index is the reducer's parameter index), for the planner and the probe;
+``collect_params`` describes them as the planner needs; ``observe_ready_order`` runs one
 local forward and backward on a copy of the model to see when each gradient is ready.
 """
 
@@ -12,13 +13,14 @@ import functools
 import itertools
 import operator
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_flatten
 
 
@@ -49,7 +51,7 @@ class ParamSpec:
         if not all(isinstance(d, int) and d >= 0 for d in shape):
             raise ValueError(f"ParamSpec.shape must be non-negative ints, got {self.shape!r}")
         object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "dtype", _as_dtype(self.dtype))
+        object.__setattr__(self, "dtype", as_dtype(self.dtype))
         object.__setattr__(self, "device", torch.device(self.device))
 
 
@@ -65,7 +67,9 @@ class ParamInfo(NamedTuple):
     sparse_grad: bool = False
 
 
-def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+@functools.lru_cache(maxsize=64)
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.float32`` for ``torch.float32``, ``"float32"`` or ``"torch.float32"``."""
     if isinstance(dtype, torch.dtype):
         return dtype
     resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
@@ -95,7 +99,7 @@ def _tensor_info(fqn: str, t: torch.Tensor, sparse_grad: bool = False) -> ParamI
 def collect_params(source: nn.Module | Iterable[tuple[str, Any]]) -> list[ParamInfo]:
     """Parameters in the reducer's order, shared ones once, frozen ones left out."""
     if isinstance(source, nn.Module):
-        return [_tensor_info(fqn, p, sparse) for fqn, p, sparse in _module_params(source)]
+        return [_tensor_info(r.fqn, r.param, r.sparse_grad) for r in reducer_params(source)]
     infos: list[ParamInfo] = []
     seen_tensors: dict[int, str] = {}
     for pair in source:
@@ -123,24 +127,47 @@ def collect_params(source: nn.Module | Iterable[tuple[str, Any]]) -> list[ParamI
     return infos
 
 
-def _module_params(module: nn.Module) -> list[tuple[str, nn.Parameter, bool]]:
-    """Mirror of ``DistributedDataParallel._build_params_for_reducer``."""
-    ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
-    out: list[tuple[str, nn.Parameter, bool]] = []
+class ReducerParam(NamedTuple):
+    """One parameter DDP reduces, as ``_build_params_for_reducer`` finds it."""
+
+    fqn: str  # the wrapped module's name for it: "layers.0.weight" (a root one: "weight")
+    module_fqn: str  # its owning module ("" = the root)
+    module: nn.Module
+    param: nn.Parameter
+
+    @property
+    def sparse_grad(self) -> bool:
+        """DDP expects a sparse gradient: an ``Embedding``/``EmbeddingBag(sparse=True)``."""
+        return isinstance(self.module, (nn.Embedding, nn.EmbeddingBag)) and bool(self.module.sparse)
+
+
+def reducer_params(model: nn.Module) -> list[ReducerParam]:
+    """The parameters DDP reduces, in the Reducer's order (the list index is the Reducer's
+    parameter index): a mirror of ``DistributedDataParallel._build_params_for_reducer``.
+
+    ``model`` is a DDP model (its ``parameters_to_ignore`` are the ones ignored) or the
+    module to wrap (then those DDP would read from it: the names given to
+    ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model``). Trainable
+    parameters only, a shared one once under its first name.
+    """
+    if isinstance(model, DistributedDataParallel):
+        module, ignored = model.module, set(model.parameters_to_ignore)
+    else:
+        module, ignored = model, set(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
+    out: list[ReducerParam] = []
     seen: set[int] = set()
-    for module_name, sub in module.named_modules():
-        sparse = isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and bool(sub.sparse)
+    for module_fqn, sub in module.named_modules():
         for name, p in sub.named_parameters(recurse=False):
-            # DDP's key for the ignore list: a root parameter is ".name".
-            if not p.requires_grad or f"{module_name}.{name}" in ignored or id(p) in seen:
+            key = f"{module_fqn}.{name}"  # DDP's key for the ignore list: a root one is ".name"
+            if not p.requires_grad or key in ignored or id(p) in seen:
                 continue
             if isinstance(p, nn.parameter.UninitializedParameter):
                 raise ValueError(
-                    f"parameter {module_name}.{name} is uninitialized (a lazy module): run one "
+                    f"parameter {key.lstrip('.')} is uninitialized (a lazy module): run one "
                     "forward pass before planning, as DDP requires"
                 )
             seen.add(id(p))
-            out.append((f"{module_name}.{name}" if module_name else name, p, sparse))
+            out.append(ReducerParam(key if module_fqn else name, module_fqn, sub, p))
     return out
 
 
@@ -153,19 +180,20 @@ def observe_ready_order(model: nn.Module, example_inputs: tuple[Any, ...]) -> li
     and its CPU/CUDA RNG state are untouched.
     """
     replica = copy.deepcopy(model)
-    params = {fqn: p for fqn, p, _ in _module_params(replica)}
+    params = {r.fqn: r.param for r in reducer_params(replica)}
     last: dict[str, int] = {}
     tick = itertools.count()
 
     def mark(fqn: str) -> None:
         last[fqn] = next(tick)
 
-    handles = []
-    for fqn, p in params.items():
-        if hasattr(p, "register_post_accumulate_grad_hook"):
-            handles.append(p.register_post_accumulate_grad_hook(lambda _p, f=fqn: mark(f)))
-        else:  # torch < 2.1: a gradient hook fires just before accumulation
-            handles.append(p.register_hook(lambda g, f=fqn: (mark(f), g)[1]))
+    def marker(fqn: str) -> Callable[[torch.Tensor], None]:
+        return lambda _param: mark(fqn)
+
+    handles = [
+        p.register_post_accumulate_grad_hook(marker(fqn))  # type: ignore[no-untyped-call, unused-ignore]
+        for fqn, p in params.items()
+    ]
     cuda = sorted({p.device.index or 0 for p in params.values() if p.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=cuda), torch.enable_grad():
@@ -177,7 +205,8 @@ def observe_ready_order(model: nn.Module, example_inputs: tuple[Any, ...]) -> li
                     "example_inputs: the model's output holds no tensor that requires grad, "
                     "so no gradient would become ready; check the inputs or pass ready_order"
                 )
-            functools.reduce(operator.add, parts).backward()
+            loss = functools.reduce(operator.add, parts)
+            loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
     finally:
         for handle in handles:
             handle.remove()

@@ -6,15 +6,14 @@ redraw: 1,000 parameters become a handful of traces with numpy columns.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
+from interactive_shard.buckets._params import as_dtype
 from interactive_shard.buckets.model import BucketMap
 from interactive_shard.ui.colors import PALETTE, key_color
 
@@ -32,14 +31,12 @@ class Row:
     nbytes: int
 
 
-@functools.lru_cache(maxsize=64)
-def _itemsize(dtype: str) -> int:
-    resolved = getattr(torch, dtype.removeprefix("torch."), None)
-    return resolved.itemsize if isinstance(resolved, torch.dtype) else 4
-
-
 def param_bytes(shape: Sequence[int], dtype: str) -> int:
-    return math.prod(shape) * _itemsize(dtype)
+    try:
+        itemsize = as_dtype(dtype).itemsize
+    except ValueError:  # a dtype this torch does not know (recorded with a newer one)
+        itemsize = 4
+    return math.prod(shape) * itemsize
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,16 @@
 
 One ``ish.launch`` runs every case (3 iterations each) and returns what the hook saw:
 per iteration, per bucket, the fqns of ``bucket.parameters()`` in order and the buffer
-size. Each case is then its own test comparing that with ``plan_buckets``.
+size. Each case is then its own test comparing that with ``plan_buckets``. The list of
+parameters DDP reduces (planner and probe share it) is checked in this process, in a
+one-rank gloo group, against DDP's own ``_build_params_for_reducer``.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import cloudpickle
@@ -19,6 +22,7 @@ from torch import nn
 
 import interactive_shard as ish
 from interactive_shard.buckets import plan_buckets
+from interactive_shard.buckets._params import reducer_params
 
 ITERATIONS = 3
 HAS_CAP_LIST = (
@@ -243,3 +247,61 @@ def test_rebuild_timing_facts(observed: dict[str, Observed]) -> None:
     assert [b[0] for b in static[2]] == one and [b[0] for b in static[3]] == rebuilt
     find_unused = observed["mlp-cap0.001-find_unused"]
     assert find_unused[1] == find_unused[2] == find_unused[3] and len(find_unused[1]) == 4
+
+
+# -- which parameters DDP reduces, in which order ---------------------------------------------
+
+
+class Shared(nn.Module):
+    """A root parameter, a tied weight, a frozen layer and layers to ignore."""
+
+    def __init__(self, sparse: bool) -> None:
+        super().__init__()
+        self.pos = nn.Parameter(torch.zeros(3))
+        self.emb = nn.Embedding(10, 4, sparse=sparse)
+        self.frozen = nn.Linear(4, 4).requires_grad_(False)
+        self.a = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight  # reduced once, under its first name
+        self.ignored = nn.Linear(4, 4)
+        self.inner = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    if dist.is_initialized():
+        pytest.skip("this process already has a process group")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize(
+    "ignore",
+    [[], ["ignored.weight", ".pos"], ["pos", "inner.1.bias", "a.weight"]],
+    ids=["none", "dotted-root", "plain-root"],  # DDP's key for a root parameter is ".pos"
+)
+def test_reducer_params_are_the_ones_ddp_reduces(
+    one_rank: None, sparse: bool, ignore: list[str]
+) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = Shared(sparse)
+    if ignore:
+        DDP._set_params_and_buffers_to_ignore_for_model(model, ignore)
+    ddp = DDP(model)
+    expected, expect_sparse = ddp._build_params_for_reducer()
+    for source in (ddp, model):  # the probe passes the DDP model, the planner its module
+        rows = reducer_params(source)
+        assert [id(r.param) for r in rows] == [id(p) for p in expected]
+        assert [r.sparse_grad for r in rows] == expect_sparse
+    assert plan_buckets(model).param_order == [r.fqn for r in rows]
+    if sparse:
+        return  # the Reducer cannot list a sparse bucket before its first gradient
+    # The Reducer's own numbering: its one initial bucket holds every parameter by index.
+    index = {id(r.param): i for i, r in enumerate(rows)}
+    (bucket,) = ddp.reducer._get_zeros_like_grad_buckets()
+    assert [index[id(p)] for p in bucket.parameters()] == list(range(len(rows)))

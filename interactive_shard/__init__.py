@@ -11,7 +11,6 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from interactive_shard.buckets.plan import plan_buckets
-from interactive_shard.buckets.probe import watch
 from interactive_shard.cluster import (
     Cluster,
     ClusterClosedError,
@@ -24,6 +23,7 @@ from interactive_shard.cluster import (
     load,
 )
 from interactive_shard.telemetry import RecordingError, RecordingWarning
+from interactive_shard.watching import watch
 
 __all__ = [
     "Cluster",

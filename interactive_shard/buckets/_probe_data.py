@@ -1,112 +1,47 @@
-"""The probe's cold side: what ``ish.watch`` checks before attaching, and what it emits.
+"""The probe's cold side: the events it emits, built from DDP's state and its own.
 
-Everything here turns DDP state into plain data (docs/bucket-events.md) or into an
-error that says how to fix it; the hooks that run every step live in ``probe.py``.
+Everything here turns what the probe saw into events (``events.py``); the hooks that run
+every step live in ``probe.py``, the checks before attaching in ``_probe_checks.py``.
 """
 
 from __future__ import annotations
 
-import inspect
+import logging
 from bisect import bisect_right
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
+from msgspec.structs import asdict
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from interactive_shard.buckets import _spy
+from interactive_shard.buckets._assign import DEFAULT_FIRST_BUCKET_BYTES
+from interactive_shard.buckets._params import ReducerParam
+from interactive_shard.buckets._probe_checks import qualname
+from interactive_shard.buckets._spy import Launch
+from interactive_shard.buckets.events import BucketReduced, Checksum, DdpIteration, DdpWatch
 from interactive_shard.telemetry import rank as telemetry
 
-DDP_WATCH, BUCKET, DDP_ITERATION = "ddp_watch", "bucket", "ddp_iteration"
-CHECKSUM_MODES = ("sampled", "full", "off")
+log = logging.getLogger("interactive_shard.buckets.probe")
+
 SAMPLE = 4096  # at most this many elements per parameter in a "sampled" checksum
 _BLOCK = 16  # contiguous elements per sampled block
 
 
-class CommHookRegisteredError(RuntimeError):
-    """The DDP model already has a comm hook, so the probe cannot register its own."""
+# -- events -----------------------------------------------------------------------------------
+def emit(event: DdpWatch | BucketReduced | DdpIteration) -> None:
+    telemetry.emit(event.KIND, asdict(event))
 
 
-# -- checks before attaching ----------------------------------------------------------------
-def check_watchable(model: object, checksum: str, hook: object, state: object) -> None:
-    if not isinstance(model, DistributedDataParallel):
-        raise TypeError(
-            "ish.watch(model) needs a torch.nn.parallel.DistributedDataParallel model, got "
-            f"{type(model).__module__}.{type(model).__qualname__}: wrap it first, "
-            "ddp = DistributedDataParallel(model), and pass ddp."
-        )
-    if checksum not in CHECKSUM_MODES:
-        raise ValueError(f"checksum must be one of {CHECKSUM_MODES}, got {checksum!r}")
-    if hook is None and state is not None:
-        raise ValueError("state= is the state of comm_hook=: pass both or neither")
-    if hook is not None:
-        if not callable(hook):
-            raise TypeError(f"comm_hook must be callable, got {hook!r:.80}")
-        if "bucket" not in inspect.signature(hook).parameters:
-            raise TypeError(
-                f"comm_hook {qualname(hook)}: DDP calls hook(state, bucket) and requires "
-                "the second parameter to be named 'bucket'"
-            )
-        getattr(model, "_check_comm_hook", callable)(hook)  # DDP's own checks and errors
-    if getattr(model, "mixed_precision", None) is not None:
-        raise CommHookRegisteredError(
-            "ish.watch cannot attach to DDP(mixed_precision=...): DDP registers its own "
-            "comm hook for it and a model can have only one."
-        )
-
-
-def check_no_hook(ddp: DistributedDataParallel, probe_hook: object) -> None:
-    """Refuse early, with the hook's name, when DDP already has a Python comm hook."""
-    hooks = getattr(ddp, "_comm_hooks", None) or []
-    if any(hook is probe_hook for hook, _ in hooks):
-        raise CommHookRegisteredError(
-            "ish.watch was already called on this DDP model: keep the Probe it returned "
-            "(DDP allows one comm hook per model)."
-        )
-    if hooks:
-        raise CommHookRegisteredError(already_hooked(qualname(hooks[0][0])))
-    # A built-in (C++) hook leaves no Python trace but DDP's logger names it.
-    builtin = ddp._get_ddp_logging_data().get("comm_hook") if hasattr(ddp, "logger") else None
-    if builtin:
-        raise CommHookRegisteredError(already_hooked(str(builtin)))
-
-
-def already_hooked(name: str) -> str:
-    return (
-        f"this DDP model already has a comm hook ({name}) and DDP allows only one, so "
-        "ish.watch cannot add its own. Do not call ddp.register_comm_hook(state, hook); "
-        "pass it via ish.watch(ddp, comm_hook=hook, state=state) instead: the probe "
-        "calls it for every bucket."
-    )
-
-
-def qualname(fn: object) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
-# -- what DDP reduces, and its settings ---------------------------------------------------
-def reducer_params(ddp: DistributedDataParallel) -> list[tuple[str, str, str, nn.Parameter]]:
-    """(fqn, owning module fqn, module class, parameter) as ``_build_params_for_reducer``
-    lists them: the list index is the Reducer's parameter index."""
-    ignored = set(getattr(ddp, "parameters_to_ignore", ()))
-    out, seen = [], set()
-    for mname, module in ddp.module.named_modules():
-        for pname, p in module.named_parameters(recurse=False):
-            key = f"{mname}.{pname}"  # DDP's ignore key: a root parameter is ".name"
-            if p.requires_grad and key not in ignored and id(p) not in seen:
-                seen.add(id(p))
-                out.append((key if mname else pname, mname, type(module).__name__, p))
-    return out
-
-
-def watch_payload(
+def watch_event(
     ddp: DistributedDataParallel,
-    rows: list[tuple[str, str, str, nn.Parameter]],
+    rows: list[ReducerParam],
     world_size: int,
     user_hook: object,
-    checksum: str,
-) -> dict[str, Any]:
+    checksum: Checksum,
+) -> DdpWatch:
     """``ddp_watch``; private DDP fields read with getattr (torch 2.5 to 2.13)."""
     mib = float(2**20)
     cap = int(ddp.bucket_bytes_cap)
@@ -114,50 +49,143 @@ def watch_payload(
     cap_list = list(getattr(ddp, "bucket_bytes_cap_list", None) or [])  # torch >= 2.13
     first = getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap", None)
     if first is None:  # torch < 2.13: the 1 MiB first bucket only when no cap was given
-        first = dist._DEFAULT_FIRST_BUCKET_BYTES if default_cap else cap
-    params = [r[3] for r in rows]
-    return {
-        "fqns": [r[0] for r in rows],
-        "shapes": [list(p.shape) for p in params],
-        "dtypes": [str(p.dtype) for p in params],
-        "modules": [r[1] for r in rows],
-        "module_types": [r[2] for r in rows],
-        "bucket_cap_mb": None if default_cap else cap / mib,
-        "bucket_cap_mb_list": [c / mib for c in cap_list] or None,
-        "bucket_bytes_cap": cap,
-        "first_bucket_bytes": int(first),
-        "find_unused_parameters": bool(ddp.find_unused_parameters),
-        "static_graph": bool(getattr(ddp, "static_graph", False)),
-        "world_size": world_size,
-        "user_hook": None if user_hook is None else qualname(user_hook),
-        "checksum": checksum,
-    }
+        first = DEFAULT_FIRST_BUCKET_BYTES if default_cap else cap
+    return DdpWatch(
+        fqns=[r.fqn for r in rows],
+        shapes=[tuple(r.param.shape) for r in rows],
+        dtypes=[str(r.param.dtype) for r in rows],
+        modules=[r.module_fqn for r in rows],
+        module_types=[type(r.module).__name__ for r in rows],
+        bucket_cap_mb=None if default_cap else cap / mib,
+        bucket_cap_mb_list=[c / mib for c in cap_list] or None,
+        bucket_bytes_cap=cap,
+        first_bucket_bytes=int(first),
+        find_unused_parameters=bool(ddp.find_unused_parameters),
+        static_graph=bool(getattr(ddp, "static_graph", False)),
+        world_size=world_size,
+        user_hook=None if user_hook is None else qualname(user_hook),
+        checksum=checksum,
+    )
 
 
-# -- per-step payloads ---------------------------------------------------------------------
-def emit_bucket(
-    head: tuple[int, int, int, bool, float],
-    meta: tuple[list[str], list[list[int]], list[str]],
+@dataclass(frozen=True, slots=True)
+class BucketParams:
+    """The parameters of one bucket, as its events list them."""
+
+    fqns: list[str]
+    shapes: list[tuple[int, ...]]
+    dtypes: list[str]
+
+
+@dataclass(slots=True)
+class Reduced:
+    """A bucket the probe's comm hook reduced, until the end of backward emits it."""
+
+    iteration: int
+    index: int
+    nbytes: int
+    is_last: bool
+    ready_t: float
+    start_t: float
+    params: BucketParams
+    end_t: float | None = None
+
+    def event(self) -> BucketReduced:
+        return bucket_event(
+            self.iteration,
+            self.index,
+            self.nbytes,
+            self.is_last,
+            self.params,
+            self.ready_t,
+            self.start_t,
+            self.end_t,
+        )
+
+
+def bucket_event(
+    iteration: int,
+    index: int,
+    nbytes: int,
+    is_last: bool,
+    params: BucketParams,
+    ready_t: float,
     start_t: float,
     end_t: float | None,
-) -> None:
-    iteration, index, nbytes, is_last, ready_t = head
-    fqns, shapes, dtypes = meta
-    telemetry.emit(
-        BUCKET,
-        {
-            "iteration": iteration,
-            "index": index,
-            "fqns": fqns,
-            "shapes": shapes,
-            "dtypes": dtypes,
-            "nbytes": nbytes,
-            "ready_t": ready_t,
-            "start_t": start_t,
-            "end_t": end_t,
-            "is_last": is_last,
-        },
+) -> BucketReduced:
+    return BucketReduced(
+        iteration=iteration,
+        index=index,
+        fqns=params.fqns,
+        shapes=params.shapes,
+        dtypes=params.dtypes,
+        nbytes=nbytes,
+        ready_t=ready_t,
+        start_t=start_t,
+        end_t=end_t,
+        is_last=is_last,
     )
+
+
+class BucketLayouts:
+    """Which parameters each bucket holds, by Reducer index (-1: one DDP reduces that was
+    not in its list at watch time); cached, as DDP reuses few layouts."""
+
+    def __init__(self, ddp: DistributedDataParallel, fqns: list[str], index_of: dict[int, int]):
+        self.ddp = ddp
+        self.fqns = fqns
+        self.index_of = index_of
+        self._params: dict[tuple[int, ...], BucketParams] = {}
+        self._spied_key: tuple[int, ...] = ()  # element counts of the layout below
+        self._spied: list[tuple[tuple[int, ...], BucketParams]] = []
+
+    def key(self, params: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        return tuple(self.index_of.get(id(p), -1) for p in params)
+
+    def params(self, key: tuple[int, ...], params: Sequence[torch.Tensor]) -> BucketParams:
+        found = self._params.get(key)
+        if found is None:
+            found = self._params[key] = BucketParams(
+                [self.fqns[i] if i >= 0 else "<unknown>" for i in key],
+                [tuple(p.shape) for p in params],
+                [str(p.dtype) for p in params],
+            )
+        return found
+
+    def spied(
+        self, iteration: int, launches: list[Launch], ready: list[tuple[int, float]]
+    ) -> list[BucketReduced]:
+        """Bucket events from the spied all-reduces: launch k is bucket k (Note step 0)."""
+        _spy.settle(launches)  # after DDP's finalize: every launched all-reduce is done
+        sizes = tuple(launch.numel for launch in launches)
+        # The Reducer rebuilds its buckets once, by iteration 3; a rebuild can keep the
+        # sizes (one bucket, new order), so ask it for the layout until then.
+        if iteration <= 3 or sizes != self._spied_key:
+            self._spied_key = sizes
+            self._spied = []
+            for tensors in _spy.layout(self.ddp):
+                key = self.key(tensors)
+                self._spied.append((key, self.params(key, tensors)))
+        last_ready = ready_at(ready)
+        events = []
+        for k, launch in enumerate(launches[: len(self._spied)]):
+            key, params = self._spied[k]
+            bucket_ready = max((last_ready(i, launch.start_t) for i in key), default=launch.start_t)
+            ready_t = min(bucket_ready, launch.start_t)
+            is_last = k == len(self._spied) - 1
+            events.append(
+                bucket_event(
+                    iteration,
+                    k,
+                    launch.nbytes,
+                    is_last,
+                    params,
+                    ready_t,
+                    launch.start_t,
+                    launch.end_t,
+                )
+            )
+        return events
 
 
 def ready_at(ready: list[tuple[int, float]]) -> Callable[[int, float], float]:
@@ -180,13 +208,13 @@ def ready_at(ready: list[tuple[int, float]]) -> Callable[[int, float], float]:
     return at
 
 
-def iteration_payload(
+def iteration_event(
     iteration: int,
     ready: list[tuple[int, float]],
     fqns: list[str],
     params: list[nn.Parameter],
-    checksum: str,
-) -> dict[str, Any]:
+    checksum: Checksum,
+) -> DdpIteration:
     """``ddp_iteration`` from the ``(param index, time)`` list of one backward."""
     last: dict[int, float] = {}
     repeated: set[int] = set()
@@ -194,16 +222,31 @@ def iteration_payload(
         if last.pop(i, None) is not None:
             repeated.add(i)
         last[i] = t
-    return {
-        "iteration": iteration,
-        "backward_start": ready[0][1] if ready else None,
-        "backward_end": ready[-1][1] if ready else None,
-        "ready_order": [fqns[i] for i in last],
-        "ready_t": list(last.values()),
-        "unready": [fqns[i] for i in range(len(fqns)) if i not in last],
-        "repeated": [fqns[i] for i in sorted(repeated)],
-        "checksums": checksums(fqns, params, checksum),
-    }
+    return DdpIteration(
+        iteration=iteration,
+        backward_start=ready[0][1] if ready else None,
+        backward_end=ready[-1][1] if ready else None,
+        ready_order=[fqns[i] for i in last],
+        ready_t=list(last.values()),
+        unready=[fqns[i] for i in range(len(fqns)) if i not in last],
+        repeated=[fqns[i] for i in sorted(repeated)],
+        checksums=checksums(fqns, params, checksum),
+    )
+
+
+def warn_unready(ddp: DistributedDataParallel, iteration: int, unready: list[str]) -> None:
+    """Name the parameters that will make DDP's next forward fail, before it does."""
+    if not unready or ddp.find_unused_parameters or getattr(ddp, "static_graph", False):
+        return
+    log.warning(
+        "ish.watch: DDP iteration %d: %d parameter(s) got no gradient: %s. DDP "
+        "(find_unused_parameters=False) never finished this reduction, and the next "
+        "forward will raise 'Expected to have finished reduction in the prior "
+        "iteration'. Use them in the loss or pass find_unused_parameters=True.",
+        iteration,
+        len(unready),
+        ", ".join(unready[:8]) + (" ..." if len(unready) > 8 else ""),
+    )
 
 
 def checksums(fqns: list[str], params: list[nn.Parameter], mode: str) -> dict[str, float]:

@@ -23,21 +23,38 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
+_monotonic = time.monotonic
 
-# [start time, element count, element size, end time or None, the work's future,
-#  the future of the callback that notes the end time]
-Launch = list[Any]
+
+@dataclass(slots=True, eq=False)
+class Launch:
+    """One floating-point all-reduce the Reducer launched: a bucket's reduction."""
+
+    start_t: float  # noted before the call (it may wait for the GIL on its way back)
+    numel: int
+    element_size: int
+    work: torch.futures.Future[Any]  # the all-reduce's future
+    end_t: float | None = None  # set by ``noted`` when the all-reduce completed
+    noted: torch.futures.Future[None] | None = None  # the callback that sets ``end_t``
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.element_size
+
+    def note_end(self, _work: torch.futures.Future[Any]) -> None:
+        self.end_t = _monotonic()
 
 
 class SpyGroup(dist.ProcessGroup):
     def __init__(self, inner: dist.ProcessGroup, on_launch: Callable[[Launch], None]) -> None:
-        super().__init__(inner.rank(), inner.size())
+        super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg]  # no store: a wrapper
         self.inner = inner
         self._on_launch = on_launch
         # Collectives not overridden here dispatch to these: the real backends.
@@ -49,15 +66,16 @@ class SpyGroup(dist.ProcessGroup):
             self._register_backend(torch.device(device), _backend_type(backend), backend)
 
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
-        start = time.monotonic()  # before the call: it may wait for the GIL on its way back
-        work = (
-            self.inner.allreduce(tensors) if opts is None else self.inner.allreduce(tensors, opts)
-        )
+        start = _monotonic()  # before the call: it may wait for the GIL on its way back
+        if opts is None:
+            work = self.inner.allreduce(tensors)
+        else:
+            work = self.inner.allreduce(tensors, opts)
         tensor = tensors[0]
         if tensor.is_floating_point():
             fut = work.get_future()
-            launch: Launch = [start, tensor.numel(), tensor.element_size(), None, fut, None]
-            launch[5] = fut.then(lambda _f: launch.__setitem__(3, time.monotonic()))
+            launch = Launch(start, tensor.numel(), tensor.element_size(), fut)
+            launch.noted = fut.then(launch.note_end)
             self._on_launch(launch)
         return work
 
@@ -68,7 +86,11 @@ class SpyGroup(dist.ProcessGroup):
 def _backend_type(backend: Any) -> Any:
     name = type(backend).__name__.lower()
     types = dist.ProcessGroup.BackendType
-    return types.NCCL if "nccl" in name else types.GLOO if "gloo" in name else types.CUSTOM
+    if "nccl" in name:
+        return types.NCCL
+    if "gloo" in name:
+        return types.GLOO
+    return types.CUSTOM
 
 
 def attach(ddp: Any, on_launch: Callable[[Launch], None]) -> SpyGroup | None:
@@ -77,9 +99,10 @@ def attach(ddp: Any, on_launch: Callable[[Launch], None]) -> SpyGroup | None:
     needed = ("_update_process_group", "_get_zeros_like_grad_buckets")
     if reducer is None or not all(hasattr(reducer, n) for n in needed):
         return None
-    if any(getattr(p, "_is_sparse_grad", False) for p in ddp.parameters()) or getattr(
-        ddp, "sparse_gradient", False
-    ):
+    # Sparse gradients are all-reduced differently (and not always by allreduce).
+    if getattr(ddp, "sparse_gradient", False):
+        return None
+    if any(getattr(p, "_is_sparse_grad", False) for p in ddp.parameters()):
         return None
     try:
         spy = SpyGroup(ddp.process_group, on_launch)
@@ -104,5 +127,5 @@ def settle(launches: list[Launch]) -> None:
     """Let the end-time callback of every finished all-reduce run: waiting on its future
     releases the GIL it waits for. An all-reduce still running keeps ``None``."""
     for launch in launches:
-        if launch[3] is None and launch[4].done():
-            launch[5].wait()
+        if launch.end_t is None and launch.noted is not None and launch.work.done():
+            launch.noted.wait()

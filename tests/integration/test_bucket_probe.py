@@ -20,48 +20,20 @@ from torch.utils.checkpoint import checkpoint
 import interactive_shard as ish
 from interactive_shard import demo
 from interactive_shard.buckets._probe_data import checksums
+from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWatch
 from interactive_shard.buckets.figures import figure_bucket_map
 from interactive_shard.buckets.figures_timeline import figure_bucket_timeline
-from interactive_shard.buckets.probe import Probe
+from interactive_shard.testing import payload_types
 
-WATCH_FIELDS = {
-    "fqns": list,
-    "shapes": list,
-    "dtypes": list,
-    "modules": list,
-    "module_types": list,
-    "bucket_cap_mb": (float, type(None)),
-    "bucket_cap_mb_list": (list, type(None)),
-    "bucket_bytes_cap": int,
-    "first_bucket_bytes": int,
-    "find_unused_parameters": bool,
-    "static_graph": bool,
-    "world_size": int,
-    "user_hook": (str, type(None)),
-    "checksum": str,
-}
-BUCKET_FIELDS = {
-    "iteration": int,
-    "index": int,
-    "fqns": list,
-    "shapes": list,
-    "dtypes": list,
-    "nbytes": int,
-    "ready_t": float,
-    "start_t": float,
-    "end_t": float,
-    "is_last": bool,
-}
+WATCH_FIELDS = payload_types(DdpWatch)
+# Stricter than the Structs: every reduction finishes, and every backward has gradients.
+BUCKET_FIELDS = {**payload_types(BucketReduced), "end_t": float}
 ITERATION_FIELDS = {
-    "iteration": int,
+    **payload_types(DdpIteration),
     "backward_start": float,
     "backward_end": float,
-    "ready_order": list,
-    "ready_t": list,
-    "unready": list,
-    "repeated": list,
-    "checksums": dict,
 }
+WATCH, BUCKET, ITERATION = DdpWatch.KIND, BucketReduced.KIND, DdpIteration.KIND
 MLP_FQNS = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
 
 
@@ -138,7 +110,7 @@ def _check_types(payload: dict[str, Any], fields: dict[str, Any]) -> None:
 def test_events_follow_the_schema(cluster: ish.Cluster) -> None:
     run = cluster.run(_train, "probe", 3)
     for rank in range(2):
-        (watch,) = _payloads(run, "ddp_watch", rank)
+        (watch,) = _payloads(run, WATCH, rank)
         _check_types(watch, WATCH_FIELDS)
         assert watch["fqns"] == MLP_FQNS
         assert watch["shapes"][:2] == [[32, 16], [32]]
@@ -149,7 +121,7 @@ def test_events_follow_the_schema(cluster: ish.Cluster) -> None:
         assert (watch["world_size"], watch["user_hook"], watch["checksum"]) == (2, None, "sampled")
         assert watch["find_unused_parameters"] is False and watch["static_graph"] is False
 
-        buckets = _payloads(run, "bucket", rank)
+        buckets = _payloads(run, BUCKET, rank)
         for b in buckets:
             _check_types(b, BUCKET_FIELDS)
             assert b["ready_t"] <= b["start_t"] <= b["end_t"]
@@ -158,7 +130,7 @@ def test_events_follow_the_schema(cluster: ish.Cluster) -> None:
         for it in (1, 2, 3):
             assert sum(b["is_last"] for b in buckets if b["iteration"] == it) == 1
 
-        iterations = _payloads(run, "ddp_iteration", rank)
+        iterations = _payloads(run, ITERATION, rank)
         assert [p["iteration"] for p in iterations] == [1, 2, 3]
         for p, checks in zip(iterations, run.results[rank]["checks"], strict=True):
             _check_types(p, ITERATION_FIELDS)
@@ -167,7 +139,7 @@ def test_events_follow_the_schema(cluster: ish.Cluster) -> None:
             assert p["backward_start"] == p["ready_t"][0] <= p["ready_t"][-1] == p["backward_end"]
             # Emitted after DDP's finalize: the .grad the user sees once backward returns.
             assert p["checksums"] == checks
-    events = [e for e in run.store.of_kind("ddp_iteration")]
+    events = [e for e in run.store.of_kind(ITERATION)]
     assert [e.step for e in events if e.rank == 0] == [1, 2, 3]
     assert run.results[0]["iteration"] == 3
 
@@ -176,17 +148,17 @@ def test_bucket_fqns_are_what_ddp_used(cluster: ish.Cluster) -> None:
     run = cluster.run(_train, "probe", 3, hook=default_hooks.allreduce_hook)
     for rank in range(2):
         # Events come as reductions complete, which need not be in bucket order.
-        buckets = sorted(_payloads(run, "bucket", rank), key=lambda b: (b["iteration"], b["index"]))
+        buckets = sorted(_payloads(run, BUCKET, rank), key=lambda b: (b["iteration"], b["index"]))
         assert [b["fqns"] for b in buckets] == run.results[rank]["seen"]
         # Iteration 1: one bucket, every parameter in registration order (TORCH_NOTES).
         first = [b for b in buckets if b["iteration"] == 1]
         assert [(b["index"], b["fqns"]) for b in first] == [(0, MLP_FQNS)]
         # Then rebuilt in the gradient-ready order DDP recorded in iteration 1.
-        ready = _payloads(run, "ddp_iteration", rank)[0]["ready_order"]
+        ready = _payloads(run, ITERATION, rank)[0]["ready_order"]
         second = [b for b in buckets if b["iteration"] == 2]
         assert len(second) > 1 and [b["index"] for b in second] == list(range(len(second)))
         assert [f for b in second for f in b["fqns"]] == ready
-        assert _payloads(run, "ddp_watch", rank)[0]["user_hook"].endswith("_train.<locals>.hook")
+        assert _payloads(run, WATCH, rank)[0]["user_hook"].endswith("_train.<locals>.hook")
 
 
 @pytest.mark.parametrize("hook", [None, default_hooks.allreduce_hook], ids=["default", "user"])
@@ -245,11 +217,11 @@ def test_unused_parameter_named_before_the_next_forward_fails(cluster: ish.Clust
     run = cluster.run(_unused)
     assert all("Expected to have finished reduction" in r for r in run.results)
     for rank in range(2):
-        (it,) = _payloads(run, "ddp_iteration", rank)
+        (it,) = _payloads(run, ITERATION, rank)
         assert it["iteration"] == 1
         assert it["unready"] == ["unused.weight", "unused.bias"]
         assert it["ready_order"] == ["used.bias", "used.weight"]
-        assert _payloads(run, "bucket", rank) == []  # the only bucket never got ready
+        assert _payloads(run, BUCKET, rank) == []  # the only bucket never got ready
 
 
 def _checkpoint_twice(ctx: Any, static_graph: bool, head_too: bool = False, steps: int = 1) -> None:
@@ -277,7 +249,7 @@ def test_reentrant_checkpoint_twice_diverges_without_static_graph(
     cluster: ish.Cluster, static_graph: bool
 ) -> None:
     run = cluster.run(_checkpoint_twice, static_graph)
-    its = [_payloads(run, "ddp_iteration", rank) for rank in range(2)]
+    its = [_payloads(run, ITERATION, rank) for rank in range(2)]
     assert [len(i) for i in its] == [1, 1]
     (r0,), (r1,) = its
     assert r0["repeated"] == r1["repeated"] == ["layer.weight", "layer.bias"]
@@ -297,8 +269,8 @@ def test_reduction_times_recorded_when_ddp_finishes_inside_a_nested_backward(
     # gradient. The timeline used to read "exposed 0.00 ms of 0.00 ms" with no bar.
     run = cluster.run(_checkpoint_twice, False, False, 6)
     for rank in range(2):
-        its = {p["iteration"]: p for p in _payloads(run, "ddp_iteration", rank)}
-        buckets = _payloads(run, "bucket", rank)
+        its = {p["iteration"]: p for p in _payloads(run, ITERATION, rank)}
+        buckets = _payloads(run, BUCKET, rank)
         assert sorted(b["iteration"] for b in buckets) == [1, 2, 3, 4, 5, 6]
         for b in buckets:  # ready at the first arrival: the one DDP reduced
             assert b["ready_t"] < b["start_t"] < b["end_t"] < its[b["iteration"]]["backward_end"]
@@ -316,7 +288,7 @@ def test_iteration_ends_with_the_users_backward_when_all_of_it_is_nested(
     # the probe still emits each iteration at the end of the step's backward.
     run = cluster.run(_checkpoint_twice, True, True, 2)
     for rank in range(2):
-        events = [e for e in run.store.of_kind("ddp_iteration") if e.rank == rank]
+        events = [e for e in run.store.of_kind(ITERATION) if e.rank == rank]
         assert [(e.step, e.payload["iteration"]) for e in events] == [(1, 1), (2, 2)]
         assert events[0].payload["unready"] == []
 
@@ -363,16 +335,15 @@ def test_no_sync_is_not_counted_and_detach_stops_recording(cluster: ish.Cluster)
         "after": 1,
         "repr": "Probe(6 params, iteration=1, detached)",
     }
-    assert len(_payloads(run, "ddp_iteration", 0)) == 1
-    assert {b["iteration"] for b in _payloads(run, "bucket", 0)} == {1}
+    assert len(_payloads(run, ITERATION, 0)) == 1
+    assert {b["iteration"] for b in _payloads(run, BUCKET, 0)} == {1}
 
 
 def test_watch_rejects_what_it_cannot_watch() -> None:
     with pytest.raises(TypeError, match="DistributedDataParallel"):
-        ish.watch(nn.Linear(2, 2))  # type: ignore[arg-type]
+        ish.watch(nn.Linear(2, 2))
     with pytest.raises(TypeError, match="DistributedDataParallel"):
-        ish.watch(object())  # type: ignore[arg-type]
-    assert Probe.detach is Probe.remove
+        ish.watch(object())
 
 
 def test_demo_buckets_read_by_layer_name(cluster: ish.Cluster) -> None:

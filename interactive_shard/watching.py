@@ -1,0 +1,91 @@
+"""``ish.watch(obj, **options)``: the one call a user makes in rank code.
+
+It walks the feature list (``features.FEATURES``), attaches every probe whose
+``fits(obj)`` accepts the object, hands each probe the options it declares, and
+returns one ``Watch`` handle. A user never needs to know which probe modules exist.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from interactive_shard.features import FEATURES, Feature, load
+
+
+class Watch:
+    """What ``ish.watch`` returns: the probes it attached, detached together.
+
+    ``watch.probes`` maps feature name -> probe handle. Attributes a probe has
+    (``.iteration`` of the bucket probe, ``.ddp``) are readable on the handle too.
+    """
+
+    def __init__(self, obj: object, probes: dict[str, Any]) -> None:
+        self.obj = obj
+        self.probes = probes
+
+    def detach(self) -> None:
+        """Remove every probe's hooks; the watched object works on as before."""
+        for probe in self.probes.values():
+            probe.detach()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        for probe in self.__dict__.get("probes", {}).values():
+            if hasattr(probe, name):
+                return getattr(probe, name)
+        raise AttributeError(
+            f"{name!r}: no probe of this Watch has it (probes: {list(self.probes)})"
+        )
+
+    def __repr__(self) -> str:
+        if len(self.probes) == 1:
+            return repr(next(iter(self.probes.values())))
+        inner = ", ".join(f"{name}={probe!r}" for name, probe in self.probes.items())
+        return f"Watch({inner})"
+
+
+def _probes() -> list[tuple[Feature, ModuleType]]:
+    return [(f, load(f.probe)) for f in FEATURES if f.probe]
+
+
+def watch(obj: object, **options: Any) -> Watch:
+    """Attach every probe that applies to ``obj`` on this rank; see each feature's probe.
+
+    Call it on every rank, after wrapping (``DistributedDataParallel(model)``), before
+    the first step to record. Options go to the probes that declare them, e.g.
+    ``comm_hook=``, ``state=``, ``checksum=`` of the DDP bucket probe.
+    """
+    probes = _probes()
+    known = {name: f.name for f, p in probes for name in p.OPTIONS}
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(
+            f"ish.watch got unknown option(s) {unknown}; it takes "
+            f"{', '.join(f'{o} ({f})' for o, f in sorted(known.items()))}"
+        )
+    fitting = [(f, p) for f, p in probes if p.fits(obj)]
+    if not fitting:
+        what = "; ".join(f"{f.name}: {p.WATCHES}" for f, p in probes)
+        raise TypeError(
+            f"ish.watch cannot watch a {type(obj).__module__}.{type(obj).__qualname__}. "
+            f"It watches: {what}. Wrap your model first and pass the wrapper."
+        )
+    taken = {name for _, p in fitting for name in p.OPTIONS}
+    stray = sorted(set(options) - taken)
+    if stray:
+        raise TypeError(
+            f"ish.watch: option(s) {stray} belong to the {sorted({known[o] for o in stray})} "
+            f"probe, which does not apply to a {type(obj).__qualname__}"
+        )
+    attached: dict[str, Any] = {}
+    try:
+        for f, p in fitting:
+            mine = {k: v for k, v in options.items() if k in p.OPTIONS}
+            attached[f.name] = p.attach(obj, **mine)
+    except BaseException:
+        for probe in attached.values():  # all or nothing
+            probe.detach()
+        raise
+    return Watch(obj, attached)

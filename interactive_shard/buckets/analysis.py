@@ -171,26 +171,26 @@ class Comparison:
     @property
     def summary(self) -> str:
         """The differences in one short line, without names (for a figure title)."""
-        n_planned, n_observed = self.bucket_counts
-        parts = [f"{n_observed} bucket(s) observed, {n_planned} planned"] * (
-            n_planned != n_observed
-        )
-        parts += [f"{len(self.moved)} parameter(s) in another bucket"] * bool(self.moved)
-        parts += [f"{len(self.reordered)} bucket(s) in another order"] * bool(self.reordered)
-        return "; ".join(parts) or "same buckets as planned"
+        return "; ".join(self._differences(named=False)) or "same buckets as planned"
 
     @property
     def differences(self) -> list[str]:
         """Plain-words list of what differs (empty when the plan matches)."""
+        return self._differences(named=True)
+
+    def _differences(self, *, named: bool) -> list[str]:
         out = []
         n_planned, n_observed = self.bucket_counts
         if n_planned != n_observed:
             out.append(f"{n_observed} bucket(s) observed, {n_planned} planned")
         if self.moved:
-            out.append(f"{len(self.moved)} parameter(s) in another bucket: {_names(self.moved)}")
-        if self.reordered:
+            which = f": {_names(self.moved)}" if named else ""
+            out.append(f"{len(self.moved)} parameter(s) in another bucket{which}")
+        if self.reordered and named:
             which = ", ".join(map(str, self.reordered))
             out.append(f"bucket(s) {which}: same parameters, another order")
+        elif self.reordered:
+            out.append(f"{len(self.reordered)} bucket(s) in another order")
         return out
 
 

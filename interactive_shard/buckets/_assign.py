@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -36,7 +36,7 @@ Key = tuple[torch.dtype, torch.device]
 class Item(NamedTuple):
     """One tensor as the assignment sees it (a plain 4-tuple works as well)."""
 
-    index: int  # reducer index (registration order)
+    index: int  # type: ignore[assignment]  # reducer index; shadows tuple.index, unused
     key: Key  # (dtype, device): tensors of different keys never share a bucket
     nbytes: int
     sparse: bool = False
@@ -119,7 +119,7 @@ def _open_bucket_order(keys: tuple[Key, ...]) -> tuple[Key, ...]:
     return order if sorted(map(_sort_key, order)) == sorted(map(_sort_key, keys)) else fallback
 
 
-def _sort_key(key: Key) -> Hashable:
+def _sort_key(key: Key) -> tuple[str, str]:
     return (str(key[0]), str(key[1]))
 
 
@@ -180,6 +180,6 @@ class BucketCaps:
 
 
 def _check_mb(what: str, value: object) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0:  # type: ignore[arg-type]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 0:  # type: ignore[arg-type, operator]
         raise ValueError(f"{what}={value!r}: give a size in MiB >= 0, e.g. 25 or 0.5")

@@ -25,6 +25,7 @@ from interactive_shard.telemetry.schema import (
     MIN_STEP,
     SCHEMA_VERSION,
     Event,
+    check_payload,
 )
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 SEND_TIMEOUT_S = 5.0  # longest a rank waits for a collector that takes nothing
 CLOSE_LINGER_S = 5.0  # at close, how long queued events may take to leave
 SEND_QUEUE_BATCHES = 1000  # batches ZeroMQ queues on the rank before a send waits
+_monotonic = time.monotonic  # emit is a hot path: one lookup less
 
 
 class Emitter:
@@ -80,14 +82,14 @@ class Emitter:
         self._thread.start()
 
     def emit(self, kind: str, payload: dict[str, Any], step: int | None = None) -> None:
-        schema.check_payload(kind, payload)
+        check_payload(kind, payload)
         if step is None:
             step = self._step  # checked when set
         elif type(step) is not int or not MIN_STEP <= step <= MAX_STEP:
             step = _checked_step(kind, step)
         if type(kind) is not str and not isinstance(kind, str):
             raise schema.PayloadError(f"emit(kind={kind!r}): kind must be a str.")
-        event = Event(kind, self.rank, step, time.monotonic(), payload)
+        event = Event(kind, self.rank, step, _monotonic(), payload)
         with self._lock:
             self._buffer.append(event)
             if len(self._buffer) >= self._max_batch:

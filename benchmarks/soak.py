@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ import psutil
 
 MARKER = f"9999.{os.getpid()}"  # argument of every child's `sleep`: ours, findable
 BOUND_S = 2.0
+STEP_TIMEOUT_S = 60.0  # a step that takes longer hangs: the soak stops and says so
 
 KERNEL = """
 import os, time
@@ -138,9 +140,12 @@ class Soak:
     def ranks(self) -> list[int]:
         return self.cluster.run(lambda ctx: os.getpid()).results
 
-    def expect(self, step: str, exc: type[BaseException], fn: Any) -> BaseException | None:
+    def expect(self, step: str, exc: type[BaseException], run: Any) -> BaseException | None:
+        """Wait for ``run`` (a ``Run``); the error it raised, or None (unreported)."""
         try:
-            fn()
+            run.wait(timeout=STEP_TIMEOUT_S)
+        except TimeoutError:
+            raise RuntimeError(f"soak step {step!r} hung for {STEP_TIMEOUT_S} s") from None
         except exc as err:
             return err
         self.unreported.append(step)
@@ -161,7 +166,7 @@ class Soak:
                 raise ValueError(f"soak failure at {time.time()!r}")
             dist.all_reduce(torch.ones(1))
 
-        err = self.expect("raise", ish.RankError, lambda: self.cluster.run(fail_on_one))
+        err = self.expect("raise", ish.RankError, self.cluster.run(fail_on_one, wait=False))
         if err is not None:
             at = float(err.tracebacks[1].rsplit("soak failure at ", 1)[1].split()[0])
             self.latencies["raise"].append(time.time() - at)
@@ -178,7 +183,7 @@ class Soak:
         pids = [int(p) for r in (0, 1) for p in run.logs(r)[0].split()[1:]]
         started = time.time()
         os.kill(pids[2], signal.SIGKILL)
-        err = self.expect("kill", ish.RankError, run.wait)
+        err = self.expect("kill", ish.RankError, run)
         if err is not None and "rank 1 was killed by SIGKILL" in str(err):
             self.latencies["kill"].append(time.time() - started)
         elif err is not None:
@@ -194,7 +199,7 @@ class Soak:
             0.3, lambda: fired.append(time.time()) or os.kill(os.getpid(), signal.SIGINT)
         )
         timer.start()
-        if self.expect("interrupt", KeyboardInterrupt, lambda: self.cluster.run(busy)):
+        if self.expect("interrupt", KeyboardInterrupt, self.cluster.run(busy, wait=False)):
             self.latencies["interrupt"].append(time.time() - fired[0])
         timer.join()
 
@@ -216,6 +221,8 @@ class Soak:
             self.zygote.stdin.flush()
             out = self.zygote.stdout
         assert out is not None
+        if not select.select([out], [], [], STEP_TIMEOUT_S)[0]:
+            raise RuntimeError(f"the kernel did not start within {STEP_TIMEOUT_S} s")
         kernel, *pids = (int(p) for p in out.readline().split()[1:])
         everyone = family(pids)
         os.kill(kernel, signal.SIGKILL)
@@ -255,6 +262,8 @@ class Soak:
 
 def soak(cycles: int, fresh_every: int = 10, cleanup_s: float = 3.0) -> dict[str, Any]:
     start = time.monotonic()
+    # Started in the background by a shell, a process ignores SIGINT: step 4 needs it.
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     s = Soak(fresh_every, cleanup_s)
     try:
         for n in range(1, cycles + 1):
@@ -263,6 +272,7 @@ def soak(cycles: int, fresh_every: int = 10, cleanup_s: float = 3.0) -> dict[str
                 print(f"  cycle {n}: orphans {len(s.orphans)}, unreported {len(s.unreported)}")
     finally:
         s.close()
+        signal.signal(signal.SIGINT, old_handler)
     return s.summary(cycles, time.monotonic() - start)
 
 

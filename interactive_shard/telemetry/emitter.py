@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import struct
 import threading
 import time
 from typing import Any
@@ -130,7 +131,7 @@ class Emitter:
         try:
             args = (SCHEMA_VERSION, self._token, self.run, self.rank, events, flags)
             data = schema.encode_message(self._encoder, *args)
-        except (TypeError, ValueError, OverflowError) as exc:  # e.g. an int over 64 bits
+        except (TypeError, ValueError, OverflowError, struct.error) as exc:  # an int > 64 bits
             why = f"cannot be encoded ({exc})"
         else:
             if len(data) <= MAX_MESSAGE_BYTES:

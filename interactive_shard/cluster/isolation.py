@@ -22,9 +22,9 @@ Algorithm:
    kernel delivers the signal: no Python, no GIL needed.
 4. The rank calls ``setsid()``: it leads a process group of its own, which its
    children join. The kernel kills that whole group when it stops a rank or sees one
-   die (``kill_group``), and a tiny *group reaper* process in the group (started by
-   the rank; its own PDEATHSIG tells it when the rank died) kills the group when the
-   rank dies while the kernel cannot, e.g. after kill -9 of the kernel.
+   die (``kill_group``), and a *group reaper* in the group (forked by the rank while
+   it has one thread; its own PDEATHSIG tells it when the rank died) kills the group
+   when the rank dies while the kernel cannot, e.g. after kill -9 of the kernel.
 5. Every socket the rank inherited is replaced by ``/dev/null`` (``dup2``), except
    the control pipe, and the signal wakeup fd is reset. Replaced, not closed: a
    stale inherited Python object closing "its" number later (or a signal handler
@@ -63,7 +63,6 @@ import shutil
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import tempfile
 import threading
@@ -73,18 +72,8 @@ log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 
-# Run by ``python -I -S -c``: stdlib only, no site, about 10 ms to start.
-_REAPER = """
-import ctypes, os, signal, sys
-leader = int(sys.argv[1])
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-ctypes.CDLL(None).prctl(1, int(signal.SIGHUP))
-while os.getppid() == leader:
-    signal.sigwait({signal.SIGHUP})
-if os.getpgrp() == leader:
-    os.killpg(leader, signal.SIGKILL)
-"""
+_PR_SET_NAME = 15
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 # -- kernel side -----------------------------------------------------------------------------
@@ -121,19 +110,19 @@ def kill_group(pid: int, sig: int = signal.SIGKILL, *, leader: bool = True) -> N
 
 
 # -- rank side -------------------------------------------------------------------------------
-def die_with_parent(parent_pid: int, *, pdeathsig: bool) -> None:
-    """Make sure this rank dies with ``parent_pid`` (0: the parent it has now)."""
+def die_with_parent(parent_pid: int, *, pdeathsig: bool) -> int:
+    """Make sure this rank dies with ``parent_pid`` (0: the parent it has now); return
+    that pid, for ``watch_parent``."""
     parent = parent_pid or os.getppid()
-    if pdeathsig and sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL)) != 0:
+    if pdeathsig and _libc is not None:
+        if _libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL)) != 0:
             log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
     if os.getppid() != parent:  # it died before we could ask to follow it
         os._exit(1)
-    _watch_parent(parent)
+    return parent
 
 
-def _watch_parent(parent: int) -> None:
+def watch_parent(parent: int) -> None:
     """Fallback without PDEATHSIG (and a second line with it): poll for the parent."""
 
     def watch() -> None:
@@ -154,20 +143,42 @@ def own_session() -> None:
         log.debug("setsid failed", exc_info=True)
 
 
-def start_group_reaper() -> subprocess.Popen | None:
-    """Start the process that kills this rank's group once the rank died (Linux)."""
-    if not sys.platform.startswith("linux") or not sys.executable:
-        return None
-    if os.getpgrp() != os.getpid():
+def start_group_reaper() -> int | None:
+    """Fork the process that kills this rank's group once the rank died (Linux).
+
+    Forked, not exec'd: a fresh interpreter costs tens of ms of CPU at launch, a fork
+    of the still single-threaded rank a millisecond (its pages stay shared).
+    """
+    leader = os.getpid()
+    if _libc is None or os.getpgrp() != leader:
         return None  # not our own group: killing it could take the kernel with it
-    cmd = [sys.executable, "-I", "-S", "-c", _REAPER, str(os.getpid()), "ish-group-reaper"]
-    try:
-        return subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-    except OSError:
-        log.warning("could not start the group reaper", exc_info=True)
+    if threading.active_count() > 1:
+        log.warning("not starting the group reaper: a rank with threads must not fork")
         return None
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the reaper: touch none of the rank's state, never return into it
+        _reap_group(leader)
+    finally:
+        os._exit(0)
+
+
+def _reap_group(leader: int) -> None:
+    import gc
+
+    gc.disable()  # no finalizer of the rank's objects runs here
+    # Hold nothing of the rank's: the kernel sees a rank's death by EOF on its pipes.
+    os.closerange(0, os.sysconf("SC_OPEN_MAX"))
+    assert _libc is not None
+    _libc.prctl(_PR_SET_NAME, b"ish-reaper")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    _libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGHUP))  # when the rank dies
+    while os.getppid() == leader:
+        signal.sigwait({signal.SIGHUP})
+    if os.getpgrp() == leader:
+        os.killpg(leader, signal.SIGKILL)
 
 
 def drop_inherited_sockets(keep: set[int]) -> int:

@@ -51,18 +51,16 @@ class WorkerConfig:
     pdeathsig: bool  # the thread that starts the rank outlives it (Note [Rank isolation])
 
 
-_reaper: Any = None  # the group reaper's Popen, kept so it is never collected
-
-
 def main(cfg: WorkerConfig, conn: Connection, out_w: Connection, err_w: Connection) -> None:
-    global _reaper
-    # Order matters, see Note [Rank isolation]: follow the parent before anything else.
-    isolation.die_with_parent(cfg.parent_pid, pdeathsig=cfg.pdeathsig)
+    # Order matters, see Note [Rank isolation]: follow the parent before anything else,
+    # fork the reaper before any thread exists.
+    parent = isolation.die_with_parent(cfg.parent_pid, pdeathsig=cfg.pdeathsig)
     isolation.own_session()
     _redirect_output(out_w, err_w)
     isolation.drop_inherited_sockets({conn.fileno(), out_w.fileno(), err_w.fileno()})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only a running function is interruptible
-    _reaper = isolation.start_group_reaper()
+    isolation.start_group_reaper()
+    isolation.watch_parent(parent)
     isolation.keep_collectives_on_loopback()
     try:
         ctx = _start(cfg)

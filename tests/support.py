@@ -1,15 +1,28 @@
-"""Helpers the notebook and browser tests share."""
+"""Helpers the test folders share (pytest puts ``tests/`` on sys.path: ``import support``)."""
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
+from interactive_shard.telemetry.schema import Event
+from interactive_shard.telemetry.store import RunInfo, RunStore
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_store(events: Iterable[Event] = (), *, world_size: int = 2, **info: Any) -> RunStore:
+    """A 2-rank gloo CPU run's store holding ``events`` (``info`` overrides RunInfo fields)."""
+    fields: dict[str, Any] = {"backend": "gloo", "device_types": ["cpu"], **info}
+    store = RunStore(RunInfo(world_size=world_size, **fields))
+    store.extend(events)
+    return store
 
 
 def notebooks_dir() -> Path:

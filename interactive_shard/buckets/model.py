@@ -13,6 +13,7 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
+from interactive_shard import features
 from interactive_shard.buckets import analysis, records
 from interactive_shard.buckets.analysis import Comparison, Finding, Timeline
 from interactive_shard.buckets.plan import Bucket, BucketPlan, ParamSpec, plan_buckets
@@ -23,6 +24,7 @@ from interactive_shard.buckets.records import (
     WatchInfo,
 )
 from interactive_shard.telemetry.store import RunStore
+from interactive_shard.ui.live import ShowsView
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,7 @@ WHAT_IF = ("bucket_cap_mb", "bucket_cap_mb_list", "find_unused_parameters", "sta
 _PLAN_CACHE = 64  # what-if plans kept (a slider asks for the same few caps again and again)
 
 
-class BucketMap:
+class BucketMap(ShowsView):
     """Observed and planned DDP buckets of one run (``run.buckets``).
 
     >>> bm = run.buckets                       # doctest: +SKIP
@@ -259,13 +261,8 @@ class BucketMap:
         return seen + missing
 
     # -- display -------------------------------------------------------------------------------
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        from interactive_shard.buckets.view import BucketMapView
-
-        # The widget keeps its view alive.
-        display(BucketMapView(self).widget)  # type: ignore[no-untyped-call, unused-ignore]
+    def _view(self) -> Any:
+        return features.feature_of_model(self).view_of(self)
 
     def __repr__(self) -> str:
         its = self.iterations

@@ -250,9 +250,6 @@ class BucketMapView(live.LazyWidget):
         if data_changed:  # the timeline does not depend on the what-if cap
             _swap(self.timeline_figure, figure_bucket_timeline(self.model, iteration, self.rank))
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
-
 
 def _swap(target: go.FigureWidget, fig: go.Figure) -> None:
     """Replace a FigureWidget's traces and layout with ``fig``'s, as one front-end update.

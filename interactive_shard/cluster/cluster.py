@@ -39,14 +39,15 @@ import warnings
 import weakref
 from typing import Any
 
+from interactive_shard import features
 from interactive_shard.cluster import isolation, options
 from interactive_shard.cluster._support import Resources, pickle_call, preimport_for_fork, weak
 from interactive_shard.cluster.errors import RankError
 from interactive_shard.cluster.isolation import Rendezvous
 from interactive_shard.cluster.procs import Generation, describe_exit
 from interactive_shard.cluster.run import Run
+from interactive_shard.cluster.state import RankState
 from interactive_shard.cluster.worker import WorkerConfig
-from interactive_shard.monitor.model import RankState
 from interactive_shard.telemetry import schema
 from interactive_shard.telemetry.channel import Collector
 from interactive_shard.telemetry.schema import Batch
@@ -63,7 +64,7 @@ class ClusterClosedError(RuntimeError):
     pass
 
 
-class Cluster:
+class Cluster(live.ShowsView):
     """``nprocs`` rank processes with an initialised process group.
 
     >>> with Cluster(nprocs=2) as cluster:          # doctest: +SKIP
@@ -215,12 +216,20 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
+    # -- display: the run monitor (monitor/view.py MonitorSource) -------------------------
+    def _view(self) -> Any:
+        return features.feature("monitor").view_of(self)
 
-        from interactive_shard.monitor.view import MonitorView
+    def live_rank_states(self) -> list[RankState]:
+        return self.rank_states
 
-        display(MonitorView(self).widget)
+    def describe(self) -> str:
+        devices = ", ".join(sorted(set(self.devices)))
+        closed = " · closed" if self._closed else ""
+        return (
+            f"Cluster · {self.nprocs} ranks · {self.backend} on {devices}"
+            f" · {self.placement.start_method}{closed}"
+        )
 
     def __repr__(self) -> str:
         states = ", ".join(s.value for s in self._rank_states)

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from interactive_shard import features
 from interactive_shard.cluster.errors import RankError
-from interactive_shard.monitor.model import RankState
+from interactive_shard.cluster.state import RankState
 from interactive_shard.telemetry import recording, schema
 from interactive_shard.telemetry.store import RunStore
+from interactive_shard.ui.live import ShowsView
 
 if TYPE_CHECKING:
     from interactive_shard.cluster.cluster import Cluster
@@ -24,7 +25,7 @@ FAILURE_GRACE_S = 1.0
 STREAM_GRACE_S = 5.0
 
 
-class Run:
+class Run(ShowsView):
     """Results, events and views of one run.
 
     ``results[rank]`` is each rank's return value; ``store`` holds every event;
@@ -170,12 +171,20 @@ class Run:
 
         return write_report(self, path)
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
+    def _view(self) -> Any:
+        return features.feature("monitor").view_of(self)
 
-        from interactive_shard.monitor.view import MonitorView
+    # The monitor's source protocol (monitor/view.py MonitorSource): a run follows itself.
+    @property
+    def latest_run(self) -> Run:
+        return self
 
-        display(MonitorView(self).widget)
+    def live_rank_states(self) -> None:
+        return None
+
+    def describe(self) -> str:
+        info = self.store.info
+        return f"{info.world_size} ranks · {info.backend} · {', '.join(info.device_types)}"
 
     def __repr__(self) -> str:
         status = "running" if not self._finished else ("failed" if self._error else "finished")

@@ -12,7 +12,7 @@ from typing import Annotated, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from interactive_shard.monitor.model import RankState
+from interactive_shard.cluster.state import RankState
 from interactive_shard.telemetry import schema
 
 

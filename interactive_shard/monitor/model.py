@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
 
+from interactive_shard.cluster.state import RankState
 from interactive_shard.telemetry import schema
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
@@ -18,16 +18,6 @@ from interactive_shard.telemetry.store import RunStore
 log = logging.getLogger(__name__)
 
 LOG_LINES = 8
-
-
-class RankState(str, Enum):
-    """What a rank is doing. A Run's ranks go running -> finished | failed."""
-
-    STARTING = "starting"
-    IDLE = "idle"
-    RUNNING = "running"
-    FINISHED = "finished"
-    FAILED = "failed"
 
 
 @dataclass

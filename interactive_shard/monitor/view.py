@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from interactive_shard.cluster.state import RankState
 from interactive_shard.monitor.figures import LIVE_POINTS, figure_scalars
-from interactive_shard.monitor.model import MonitorModel, RankState
+from interactive_shard.monitor.model import MonitorModel
 from interactive_shard.ui import live
 from interactive_shard.ui.colors import STATE_COLORS
 
 if TYPE_CHECKING:
-    from interactive_shard.cluster.cluster import Cluster
     from interactive_shard.cluster.run import Run
+
+
+class MonitorSource(Protocol):
+    """What a monitor follows: a ``Run`` (itself) or a ``Cluster`` (its latest run)."""
+
+    @property
+    def latest_run(self) -> Run | None: ...
+
+    def live_rank_states(self) -> list[RankState] | None:
+        """The ranks' states now, or None when the run's own events tell them."""
+        ...
+
+    def describe(self) -> str:
+        """One line of plain text: ranks, backend, devices."""
+        ...
 
 
 def _trace_keys(fig: go.Figure | go.FigureWidget) -> list[str]:
@@ -25,7 +40,7 @@ def _trace_keys(fig: go.Figure | go.FigureWidget) -> list[str]:
 class MonitorView(live.LazyWidget):
     """Live monitor of a Run, or of a Cluster's latest run. The widget is built lazily."""
 
-    def __init__(self, source: Run | Cluster) -> None:
+    def __init__(self, source: MonitorSource) -> None:
         self._source = source
         self._run: Run | None = None
         self._model: MonitorModel | None = None
@@ -34,9 +49,7 @@ class MonitorView(live.LazyWidget):
 
     # -- state (no widgets) ----------------------------------------------------------------
     def _follow(self) -> MonitorModel | None:
-        from interactive_shard.cluster.run import Run
-
-        run = self._source if isinstance(self._source, Run) else self._source.latest_run
+        run = self._source.latest_run
         if run is not self._run:
             self._run, self._model, self._seen_version = run, None, -1
         if run is not None and self._model is None:
@@ -46,12 +59,10 @@ class MonitorView(live.LazyWidget):
         return self._model
 
     def _states(self, model: MonitorModel | None) -> list[str]:
-        from interactive_shard.cluster.run import Run
-
-        if isinstance(self._source, Run):
-            assert model is not None
-            return [r.state.value for r in model.ranks]
-        states = [s.value for s in self._source.rank_states]
+        live_states = self._source.live_rank_states()
+        if live_states is None:
+            return [r.state.value for r in model.ranks] if model is not None else []
+        states = [s.value for s in live_states]
         if model is not None:  # a finished/failed run says more than "idle"
             for i, r in enumerate(model.ranks):
                 if states[i] == RankState.IDLE.value and r.state != RankState.RUNNING:
@@ -59,20 +70,9 @@ class MonitorView(live.LazyWidget):
         return states
 
     def _header(self) -> str:
-        from interactive_shard.cluster.run import Run
-
         run = self._run
-        if isinstance(self._source, Run):
-            info = self._source.store.info
-            where = f"{info.world_size} ranks · {info.backend} · {', '.join(info.device_types)}"
-        else:
-            c = self._source
-            where = (
-                f"Cluster · {c.nprocs} ranks · {c.backend} on {', '.join(sorted(set(c.devices)))}"
-                f" · {c.placement.start_method}{' · closed' if c.closed else ''}"
-            )
         what = f" · run {run.run_id}: {html.escape(run.store.info.name)}" if run else ""
-        return f"<b>{where}</b>{what}"
+        return f"<b>{html.escape(self._source.describe())}</b>{what}"
 
     # -- widgets ---------------------------------------------------------------------------
     def _build(self) -> None:
@@ -133,6 +133,3 @@ class MonitorView(live.LazyWidget):
                 self._fig.add_traces(list(fig.data))
             self._fig.layout.title = fig.layout.title
         self._fig_box.layout.display = "" if fig.data else "none"
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)

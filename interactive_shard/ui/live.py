@@ -24,9 +24,26 @@ class LiveView(Protocol):
     def refresh(self) -> None: ...
 
 
-class LazyWidget:
+class ShowsView:
+    """Anything a notebook displays as a live view: the views themselves, models
+    (``run.buckets``), runs and clusters. The one place the display hook lives;
+    ``_view()`` says which view (views return themselves)."""
+
+    def _view(self) -> LazyWidget:
+        raise NotImplementedError
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self._view().widget)  # the widget keeps its view alive (see widget)
+
+
+class LazyWidget(ShowsView):
     """Base of the views: ``widget`` is built on first use (``_build`` sets ``_widget``)
     and then kept live; the state stays usable without any widget."""
+
+    def _view(self) -> LazyWidget:
+        return self
 
     _widget: Any = None
 

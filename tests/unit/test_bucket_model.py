@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 from msgspec.structs import asdict
+from support import make_store
 
 from interactive_shard.buckets.analysis import DIVERGENCE, UNREADY
 from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWatch
 from interactive_shard.buckets.model import BucketMap
 from interactive_shard.monitor.events import Log
 from interactive_shard.telemetry.schema import Event
-from interactive_shard.telemetry.store import RunInfo, RunStore
+from interactive_shard.telemetry.store import RunStore
 from interactive_shard.testing import FakeParam, FakeRun, mlp_params
 
 MIB = 2**20
@@ -22,9 +23,7 @@ WATCH, BUCKET, ITERATION = DdpWatch.KIND, BucketReduced.KIND, DdpIteration.KIND
 
 
 def store_of(events: list[Event], world_size: int = 2) -> RunStore:
-    store = RunStore(RunInfo(world_size=world_size, backend="gloo", device_types=["cpu"]))
-    store.extend(events)
-    return store
+    return make_store(events, world_size=world_size)
 
 
 def bucket_map(run: FakeRun) -> BucketMap:

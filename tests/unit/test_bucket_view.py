@@ -13,6 +13,7 @@ import ipywidgets as widgets
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+from support import make_store
 
 from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWatch
 from interactive_shard.buckets.figures import figure_bucket_map
@@ -26,7 +27,6 @@ from interactive_shard.buckets.segments import DIFF, MAX_LEGEND_MODULES
 from interactive_shard.buckets.view import BucketMapView, report_figures
 from interactive_shard.cluster.run import Run
 from interactive_shard.telemetry.schema import Event
-from interactive_shard.telemetry.store import RunInfo, RunStore
 from interactive_shard.testing import FakeParam, FakeRun, mlp_params
 from interactive_shard.ui import live
 from interactive_shard.ui.colors import PALETTE
@@ -35,9 +35,9 @@ MIB = 2**20
 
 
 def make_map(run: FakeRun, events: list[Event] | None = None) -> BucketMap:
-    store = RunStore(RunInfo(world_size=run.world_size, backend="gloo", device_types=["cpu"]))
-    store.extend(run.events() if events is None else events)
-    return BucketMap(store)
+    return BucketMap(
+        make_store(run.events() if events is None else events, world_size=run.world_size)
+    )
 
 
 def array(value: Any) -> list[Any]:

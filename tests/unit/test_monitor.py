@@ -5,16 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import make_store
 
 from interactive_shard.cluster.run import Run
-from interactive_shard.monitor.model import MonitorModel, RankState
+from interactive_shard.cluster.state import RankState
+from interactive_shard.monitor.model import MonitorModel
 from interactive_shard.monitor.view import MonitorView, figure_scalars
-from interactive_shard.telemetry import Event, RunInfo, RunStore
+from interactive_shard.telemetry import Event, RunStore
 from interactive_shard.ui.live import Throttle
 
 
 def _store() -> RunStore:
-    return RunStore(RunInfo(world_size=2, backend="gloo", device_types=["cpu"], name="train"))
+    return make_store(name="train")
 
 
 def _feed(store: RunStore, steps: int) -> None:

@@ -6,20 +6,20 @@ import json
 from pathlib import Path
 
 import pytest
+from support import make_store
 
 import interactive_shard as ish
 from interactive_shard.telemetry import Event, RunInfo, RunStore, recording
 
 
 def _store(n: int = 10) -> RunStore:
-    store = RunStore(
-        RunInfo(world_size=2, backend="gloo", device_types=["cpu"], torch_version="2.13.0")
+    return make_store(
+        (
+            Event("scalar", i % 2, i, float(i), {"name": "loss", "value": 1.0 / (i + 1)})
+            for i in range(n)
+        ),
+        torch_version="2.13.0",
     )
-    store.extend(
-        Event("scalar", i % 2, i, float(i), {"name": "loss", "value": 1.0 / (i + 1)})
-        for i in range(n)
-    )
-    return store
 
 
 def test_round_trip(tmp_path: Path) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import make_store
 
 import interactive_shard as ish
-from interactive_shard.telemetry import Event, RunInfo, RunStore, recording
+from interactive_shard.telemetry import Event, RunStore, recording
 
 HEADER: dict[str, Any] = {
     "format": "interactive_shard.recording",
@@ -36,9 +37,7 @@ def _write(path: Path, header: dict[str, Any], *lines: bytes) -> Path:
 
 
 def _store(world_size: int = 2, events: tuple[Event, ...] = ()) -> RunStore:
-    store = RunStore(RunInfo(world_size=world_size, backend="gloo", device_types=["cpu"]))
-    store.extend(events)
-    return store
+    return make_store(events, world_size=world_size)
 
 
 # -- header: every field validated, errors name field and value -------------------------

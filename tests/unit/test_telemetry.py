@@ -8,8 +8,9 @@ import msgspec
 import pytest
 import torch
 import zmq
+from support import make_store
 
-from interactive_shard.telemetry import Collector, Emitter, Event, PayloadError, RunInfo, RunStore
+from interactive_shard.telemetry import Collector, Emitter, Event, PayloadError
 from interactive_shard.telemetry.schema import SCHEMA_VERSION, Batch, decode_batch, encode_batch
 
 
@@ -80,7 +81,7 @@ def test_collector_beyond_loopback_needs_a_token() -> None:
 
 
 def test_store_is_append_only_with_cursor() -> None:
-    store = RunStore(RunInfo(world_size=2, backend="gloo", device_types=["cpu"]))
+    store = make_store()
     store.append(Event("a", 0, 0, 0.0, {}))
     cursor = store.version
     store.extend([Event("b", 1, 0, 0.0, {}), Event("a", 1, 1, 0.0, {})])

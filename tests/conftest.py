@@ -1,2 +1,0 @@
-"""Shared by every test folder: pytest puts this folder on sys.path for its conftest,
-so test modules can ``import support``."""

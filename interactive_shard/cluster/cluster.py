@@ -44,6 +44,8 @@ from interactive_shard.cluster import isolation, options
 from interactive_shard.cluster._support import Resources, pickle_call, preimport_for_fork, weak
 from interactive_shard.cluster.errors import RankError
 from interactive_shard.cluster.isolation import Rendezvous
+from interactive_shard.cluster.messages import STARTUP, Done, Failed, FromRank, Ready, RunCall
+from interactive_shard.cluster.outcome import Reply
 from interactive_shard.cluster.procs import Generation, describe_exit
 from interactive_shard.cluster.run import Run
 from interactive_shard.cluster.state import RankState
@@ -181,19 +183,19 @@ class Cluster(live.ShowsView):
             torch_version=str(torch.__version__),
             name=getattr(fn, "__qualname__", repr(fn)),
         )
-        run = Run(RunStore(info), cluster=self, run_id=run_id)
+        run = Run(RunStore(info), driver=self, run_id=run_id)
         with self._lock:
             self._runs[run_id] = run
             self._current = self._latest = run
             self._rank_states = [RankState.RUNNING] * self.nprocs
         for rank in range(self.nprocs):
-            run._state_event(rank, RankState.RUNNING)
+            run.record_state(rank, RankState.RUNNING)
         assert self._gen is not None
         for rank in range(self.nprocs):
-            self._gen.send(rank, ("run", run_id, payload))
+            self._gen.send(rank, RunCall(run_id, payload))
         if wait:
             return run.wait()
-        live.keep_polling(lambda: self._poll(run))
+        live.keep_polling(lambda: self.advance(run))
         return run
 
     def restart(self) -> None:
@@ -273,7 +275,7 @@ class Cluster(live.ShowsView):
             )
             for r in range(self.nprocs)
         ]
-        self._res.gen = Generation(
+        self._res.gen = gen = Generation(
             configs,
             self.placement.start_method,
             weak(self._on_message),
@@ -281,7 +283,6 @@ class Cluster(live.ShowsView):
             weak(self._on_exit),
         )
         deadline = time.monotonic() + self.timeout + 30  # spawn imports torch first
-        gen = self._gen
         while not all(r.ready for r in gen.ranks):
             failed = self._startup_errors or self._exit_notes
             if failed or time.monotonic() > deadline:
@@ -305,7 +306,7 @@ class Cluster(live.ShowsView):
 
     def _ready_for_run(self) -> None:
         self._check_open()
-        if self._current is not None and not self._poll(self._current):
+        if self._current is not None and not self.advance(self._current):
             raise RuntimeError(
                 f"run {self._current.run_id} is still in progress on this cluster; call "
                 "run.wait() (or interrupt it) before starting another."
@@ -325,26 +326,31 @@ class Cluster(live.ShowsView):
             self.restart()
 
     # -- callbacks from the supervisor / collector threads ---------------------------------
-    def _on_message(self, rank: int, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "ready":
+    def _on_message(self, rank: int, msg: FromRank) -> None:
+        if isinstance(msg, Ready):
             return
-        run = self._runs.get(msg[1])
-        if kind == "error" and msg[1] == 0:
-            self._startup_errors[rank] = msg[2]
-        elif run is None:
+        if isinstance(msg, Failed) and msg.run_id == STARTUP:
+            with self._lock:
+                self._startup_errors[rank] = msg.traceback
             return
-        elif kind == "done":
+        run = self._runs.get(msg.run_id)
+        if run is None:
+            return
+        if isinstance(msg, Done):
             try:
-                run._reply(rank, "done", pickle.loads(msg[2]))
+                result = pickle.loads(msg.result)
             except Exception as exc:
-                run._reply(rank, "error", f"[rank {rank}] result could not be unpickled: {exc!r}")
-        elif kind == "error":
-            run._reply(rank, "broken" if msg[4] else "error", msg[2])
+                why = f"[rank {rank}] result could not be unpickled: {exc!r}"
+                run.record_reply(rank, Reply.ERROR, why)
+            else:
+                run.record_reply(rank, Reply.DONE, result)
+        else:
+            run.record_reply(rank, Reply.BROKEN if msg.broken else Reply.ERROR, msg.traceback)
 
     def _on_output(self, rank: int, stream: str, line: str) -> None:
-        self.logs[rank].append(line)
-        run = self._current or self._latest
+        with self._lock:
+            self.logs[rank].append(line)
+            run = self._current or self._latest
         if run is not None:
             payload = {"stream": stream, "text": line}
             run.store.append(schema.Event(schema.LOG, rank, 0, time.monotonic(), payload))
@@ -352,13 +358,14 @@ class Cluster(live.ShowsView):
     def _on_exit(self, rank: int, exitcode: int | None) -> None:
         if self._closed or self._gen is None:
             return  # we stopped it
-        tail = "\n".join(self.logs[rank][-15:])
-        note = f"rank {rank} {describe_exit(exitcode)}"
-        self._exit_notes[rank] = f"{note}\nlast output:\n{tail}" if tail else note
-        self._rank_states[rank] = RankState.FAILED
-        run = self._current
+        with self._lock:
+            tail = "\n".join(self.logs[rank][-15:])
+            note = f"rank {rank} {describe_exit(exitcode)}"
+            self._exit_notes[rank] = f"{note}\nlast output:\n{tail}" if tail else note
+            self._rank_states[rank] = RankState.FAILED
+            run = self._current
         if run is not None:
-            run._reply(rank, "died", self._exit_notes[rank])
+            run.record_reply(rank, Reply.DIED, self._exit_notes[rank])
 
     def _on_batch(self, batch: Batch) -> None:
         schema.check_batch(batch, self.nprocs)  # raises: the collector counts and drops it
@@ -367,81 +374,58 @@ class Cluster(live.ShowsView):
             return
         run.store.extend(batch.events)
         if batch.final:
-            run._stream_closed(batch.rank)
+            run.outcome.stream_closed(batch.rank)
 
-    # -- waiting, failure and interrupt -----------------------------------------------------
-    def _poll(self, run: Run) -> bool:
-        """Non-blocking: conclude ``run`` if it is decided. True when finished."""
+    # -- driving a run (run.py RunDriver): decide, fail, interrupt --------------------------
+    def advance(self, run: Run) -> bool:
+        """Non-blocking: conclude ``run`` if its outcome is decided. True when finished."""
         if run.done:
             return True
-        with run._cond:
-            decided = run._decided(time.monotonic())
+        decided = run.outcome.decided()
         if self.echo:
-            run._echo()
+            run.echo()
         if decided:
             self._finish(run)
         return decided
 
-    def _wait_run(self, run: Run, timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            while not self._poll(run):
-                live.tick()
-                with run._cond:
-                    run._cond.wait(0.05)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"run {run.run_id} is still running after {timeout} s; call "
-                        "run.wait() again, or interrupt the kernel to stop it."
-                    )
-        except KeyboardInterrupt:
-            self._interrupt(run)
-            raise
-        live.tick(force=True)
-
     def _finish(self, run: Run) -> None:
-        stuck = run._pending()
-        broken = bool(stuck) or bool({"died", "broken"} & set(run._replied.values()))
+        verdict = run.outcome.verdict()
         note = ""
-        if broken and run._tracebacks:
+        if verdict.restart and verdict.failed:
             if self.restart_on_failure:
                 note = "the cluster restarted its ranks; ctx.state is empty"
             else:
                 note = "the cluster's ranks are down: call cluster.restart()"
-        if stuck:
-            self._gen and self._gen.signal(stuck, signal.SIGKILL)
-        run._conclude(note)
-        self._current = None
-        if broken:
-            self._rank_states = [RankState.FAILED] * self.nprocs
-            if self.restart_on_failure and not self._closed:
-                self.restart()
-        else:
-            self._rank_states = [RankState.IDLE] * self.nprocs
+        if verdict.stuck and self._gen is not None:
+            self._gen.signal(verdict.stuck, signal.SIGKILL)
+        run.conclude(verdict, note)
+        with self._lock:
+            self._current = None
+            fresh = RankState.FAILED if verdict.restart else RankState.IDLE
+            self._rank_states = [fresh] * self.nprocs
+        if verdict.restart and self.restart_on_failure and not self._closed:
+            self.restart()
 
-    def _interrupt(self, run: Run) -> None:
-        """Stop the ranks' work: SIGINT, then kill whoever does not come back."""
+    def interrupt(self, run: Run) -> None:
+        """Stop the ranks' work on ``run``: SIGINT, then kill whoever does not come back."""
         assert self._gen is not None
-        self._gen.signal(run._pending(), signal.SIGINT)
+        self._gen.signal(run.outcome.pending, signal.SIGINT)
         deadline = time.monotonic() + INTERRUPT_GRACE_S
-        while run._pending() and time.monotonic() < deadline:
+        while run.outcome.pending and time.monotonic() < deadline:
             try:
                 time.sleep(0.02)
             except KeyboardInterrupt:  # a second interrupt: stop waiting, kill below
                 break
-        self._gen.signal(run._pending(), signal.SIGKILL)
+        self._gen.signal(run.outcome.pending, signal.SIGKILL)
         while True:  # the kill lands within ms; let the supervisor see it
             try:
-                self._wait_decided(run)
+                self._wait_replies(run)
                 break
             except KeyboardInterrupt:
                 continue
         self._finish(run)
 
-    def _wait_decided(self, run: Run) -> None:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            with run._cond:
-                if not run._pending():
-                    return
-                run._cond.wait(0.05)
+    def _wait_replies(self, run: Run, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while run.outcome.pending and time.monotonic() < deadline:
+            run.outcome.wait_for_change(0.05)

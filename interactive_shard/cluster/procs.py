@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from interactive_shard.cluster import isolation
+from interactive_shard.cluster.messages import FromRank, Ready, Stop, ToRank
 from interactive_shard.cluster.worker import WorkerConfig, main
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,7 @@ class RankProc:
     process: Any  # multiprocessing.Process (its class depends on the start method)
     conn: Connection
     outputs: dict[str, Connection]  # stream name -> read end
-    pid: int | None = None
     ready: bool = False
-    exit_reported: bool = False
     partial: dict[str, bytes] = field(default_factory=dict)
     # Held while reaping or signalling: a reaped pid may be reused, so no signal may be
     # sent to it between the check and the kill.
@@ -78,12 +77,12 @@ class Generation:
         self,
         configs: list[WorkerConfig],
         start_method: str,
-        on_message: Callable[[int, tuple[Any, ...]], None],
+        on_message: Callable[[int, FromRank], None],
         on_output: Callable[[int, str, str], None],
         on_exit: Callable[[int, int | None], None],
     ) -> None:
         self._on_message, self._on_output, self._on_exit = on_message, on_output, on_exit
-        ctx = mp.get_context(start_method)
+        ctx: Any = mp.get_context(start_method)  # its Process class depends on the method
         self.ranks: list[RankProc] = []
         for cfg in configs:
             parent_conn, child_conn = ctx.Pipe()
@@ -109,14 +108,15 @@ class Generation:
 
     # -- supervisor thread ----------------------------------------------------------------
     def _supervise(self) -> None:
-        watched: dict[Any, tuple[RankProc, str]] = {}
+        watched: dict[Any, tuple[RankProc, str]] = {}  # connection or sentinel -> its rank
         for r in self.ranks:
             watched[r.conn] = (r, "control")
             for stream, conn in r.outputs.items():
                 watched[conn] = (r, stream)
             watched[r.process.sentinel] = (r, "exit")
         while watched and not self._stop.is_set():
-            for obj in wait(list(watched), timeout=0.2):
+            ready: list[Any] = wait(list(watched), timeout=0.2)
+            for obj in ready:
                 rank, what = watched[obj]
                 if what == "control":
                     self._read_control(rank, obj, watched)
@@ -127,24 +127,31 @@ class Generation:
                     del watched[obj]
                     self._drain(rank, watched)
                     rank.join(timeout=1)
-                    rank.exit_reported = True
                     self._on_exit(rank.rank, rank.process.exitcode)
                 else:
                     self._read_output(rank, what, obj, watched)
 
-    def _read_control(self, rank: RankProc, conn: Connection, watched: dict) -> None:
+    def _read_control(
+        self, rank: RankProc, conn: Connection, watched: dict[Any, tuple[RankProc, str]]
+    ) -> None:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             del watched[conn]
             return
-        if msg[0] == "ready":
-            rank.pid, rank.ready = msg[1], True
+        if isinstance(msg, Ready):
+            rank.ready = True
         else:  # the rank flushed before replying: its run's output is in the pipes now
             self._drain_output(rank, watched)
         self._on_message(rank.rank, msg)
 
-    def _read_output(self, rank: RankProc, stream: str, conn: Connection, watched: dict) -> None:
+    def _read_output(
+        self,
+        rank: RankProc,
+        stream: str,
+        conn: Connection,
+        watched: dict[Any, tuple[RankProc, str]],
+    ) -> None:
         try:
             data = os.read(conn.fileno(), 65536)
         except BlockingIOError:
@@ -162,14 +169,16 @@ class Generation:
         for line in lines:
             self._on_output(rank.rank, stream, line.decode(errors="replace").rstrip("\r"))
 
-    def _drain_output(self, rank: RankProc, watched: dict, max_reads: int = 64) -> None:
+    def _drain_output(
+        self, rank: RankProc, watched: dict[Any, tuple[RankProc, str]], max_reads: int = 64
+    ) -> None:
         for stream, conn in rank.outputs.items():
             for _ in range(max_reads):  # bounded: a thread of the rank may print on
                 if conn not in watched or not conn.poll(0):
                     break
                 self._read_output(rank, stream, conn, watched)
 
-    def _drain(self, rank: RankProc, watched: dict) -> None:
+    def _drain(self, rank: RankProc, watched: dict[Any, tuple[RankProc, str]]) -> None:
         for stream, conn in rank.outputs.items():
             while conn in watched and conn.poll(0):
                 self._read_output(rank, stream, conn, watched)
@@ -177,7 +186,7 @@ class Generation:
             self._read_control(rank, rank.conn, watched)
 
     # -- called from the owner's thread ---------------------------------------------------
-    def send(self, rank: int, msg: tuple[Any, ...]) -> None:
+    def send(self, rank: int, msg: ToRank) -> None:
         self.ranks[rank].conn.send(msg)
 
     def signal(self, ranks: list[int], sig: int) -> None:
@@ -194,15 +203,12 @@ class Generation:
                     except ProcessLookupError:
                         pass
 
-    def alive(self) -> list[int]:
-        return [r.rank for r in self.ranks if r.is_alive()]
-
     def stop(self, *, graceful: bool, grace_s: float = 3.0) -> None:
         """Ask ranks to leave (graceful) or kill them; kill what they leave; reap all."""
         if graceful:
             for r in self.ranks:
                 try:
-                    r.conn.send(("stop",))
+                    r.conn.send(Stop())
                 except (OSError, ValueError):
                     pass
             # Wait on the sentinels, not join(): an unreaped rank keeps its pid, so its

@@ -7,22 +7,28 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from interactive_shard import features
 from interactive_shard.cluster.errors import RankError
+from interactive_shard.cluster.outcome import Outcome, Reply, Verdict
 from interactive_shard.cluster.state import RankState
 from interactive_shard.telemetry import recording, schema
 from interactive_shard.telemetry.store import RunStore
+from interactive_shard.ui import live
 from interactive_shard.ui.live import ShowsView
 
-if TYPE_CHECKING:
-    from interactive_shard.cluster.cluster import Cluster
 
-# After one rank fails, wait this long for the others to report before deciding.
-FAILURE_GRACE_S = 1.0
-# After every rank replied, wait at most this long for their event streams to close.
-STREAM_GRACE_S = 5.0
+class RunDriver(Protocol):
+    """What moves a live run on (a ``Cluster``): decide it, or stop its ranks' work."""
+
+    def advance(self, run: Run) -> bool:
+        """Non-blocking: conclude ``run`` if its outcome is decided; True when finished."""
+        ...
+
+    def interrupt(self, run: Run) -> None:
+        """Stop the ranks' work on ``run`` (a kernel interrupt) and conclude it."""
+        ...
 
 
 class Run(ShowsView):
@@ -30,94 +36,84 @@ class Run(ShowsView):
 
     ``results[rank]`` is each rank's return value; ``store`` holds every event;
     ``wait()`` blocks (keeping views live) and raises ``RankError`` if a rank failed.
+    ``outcome`` decides when a live run is over (see Note [Run outcome]).
     """
 
     def __init__(
         self,
         store: RunStore,
         *,
-        cluster: Cluster | None = None,
+        driver: RunDriver | None = None,
         run_id: int = 0,
         results: list[Any] | None = None,
     ) -> None:
         n = store.info.world_size
         self.store = store
         self.run_id = run_id
-        self._cluster = cluster
-        self._cond = threading.Condition()
+        self.outcome = Outcome(n)
+        self._driver = driver
+        self._reply_lock = threading.Lock()
         self._results: list[Any] = list(results) if results is not None else [None] * n
-        # rank -> "done" | "error" | "broken" (its process group failed) | "died"
-        self._replied: dict[int, str] = {}
         self._tracebacks: dict[int, str] = {}
-        self._streams_closed: set[int] = set()
-        self._first_failure: float | None = None
-        self._last_reply = 0.0
         self._error: BaseException | None = None
-        self._finished = cluster is None  # a loaded run is complete
+        self._finished = driver is None  # a loaded run is complete
         self._echo_cursor = 0
         self._models: dict[str, Any] = {}
 
     # -- reports from the cluster's supervisor / collector threads -------------------
-    def _reply(self, rank: int, outcome: str, value: Any = None) -> None:
-        with self._cond:
-            if rank in self._replied:
-                return
-            self._replied[rank] = outcome
-            self._last_reply = time.monotonic()
-            if outcome == "done":
+    def record_reply(self, rank: int, reply: Reply, value: Any = None) -> None:
+        """Rank ``rank`` ended: its result (``Reply.DONE``) or its traceback / exit note."""
+        with self._reply_lock:
+            if rank in self.outcome.replies:
+                return  # the first reply counts (e.g. an error, then the process exits)
+            if reply is Reply.DONE:
                 self._results[rank] = value
                 state, detail = RankState.FINISHED, ""
             else:
                 self._tracebacks[rank] = value
-                self._first_failure = self._first_failure or self._last_reply
                 state = RankState.FAILED
-                detail = str(value).strip().splitlines()[-1] if value else outcome
-            self._cond.notify_all()
-        self._state_event(rank, state, detail)
+                detail = str(value).strip().splitlines()[-1] if value else reply.value
+            self.outcome.reply(rank, reply)  # after the result is in place: it may decide
+        self.record_state(rank, state, detail)
 
-    def _stream_closed(self, rank: int) -> None:
-        with self._cond:
-            self._streams_closed.add(rank)
-            self._cond.notify_all()
-
-    def _state_event(self, rank: int, state: RankState, detail: str = "") -> None:
+    def record_state(self, rank: int, state: RankState, detail: str = "") -> None:
         payload = {"state": state.value, "detail": detail}
         self.store.append(schema.Event(schema.STATE, rank, 0, time.monotonic(), payload))
 
-    # -- decisions ----------------------------------------------------------------------
-    def _pending(self) -> list[int]:
-        return [r for r in range(self.store.info.world_size) if r not in self._replied]
-
-    def _decided(self, now: float) -> bool:
-        if self._pending():
-            return self._first_failure is not None and now - self._first_failure >= FAILURE_GRACE_S
-        streams_open = set(self._replied) - self._streams_closed - self._dead()
-        return not streams_open or now - self._last_reply >= STREAM_GRACE_S
-
-    def _dead(self) -> set[int]:
-        return {r for r, outcome in self._replied.items() if outcome == "died"}
-
+    # -- deciding -----------------------------------------------------------------------
     @property
     def done(self) -> bool:
         return self._finished
 
     def wait(self, timeout: float | None = None) -> Run:
         """Block until every rank finished, keeping views live; raise ``RankError``."""
-        if not self._finished:
-            assert self._cluster is not None
-            self._cluster._wait_run(self, timeout)
+        driver = self._driver
+        if not self._finished and driver is not None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                while not driver.advance(self):
+                    live.tick()
+                    self.outcome.wait_for_change(0.05)
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"run {self.run_id} is still running after {timeout} s; call "
+                            "run.wait() again, or interrupt the kernel to stop it."
+                        )
+            except KeyboardInterrupt:
+                driver.interrupt(self)
+                raise
+            live.tick(force=True)
         if self._error is not None:
             raise self._error
         return self
 
-    def _conclude(self, note: str = "") -> None:
-        """Called once by the cluster when the run is decided."""
-        pending = self._pending()
-        for rank in pending:
-            self._state_event(rank, RankState.FAILED, "stopped: another rank failed")
+    def conclude(self, verdict: Verdict, note: str = "") -> None:
+        """Called once by the driver when the outcome is decided."""
+        for rank in verdict.stuck:
+            self.record_state(rank, RankState.FAILED, "stopped: another rank failed")
         if self._tracebacks:
-            if pending:
-                stuck = f"rank(s) {', '.join(map(str, pending))} were stuck and were stopped"
+            if verdict.stuck:
+                stuck = f"rank(s) {', '.join(map(str, verdict.stuck))} were stuck and were stopped"
                 note = f"{stuck}; {note}" if note else stuck
             self._error = RankError(self._tracebacks, note=note)
         self._finished = True
@@ -139,7 +135,7 @@ class Run(ShowsView):
             str(e.payload.get("text", "")) for e in self.store.of_kind(schema.LOG) if e.rank == rank
         ]
 
-    def _echo(self) -> None:
+    def echo(self) -> None:
         """Print new rank output to the cell, labelled by rank."""
         events = self.store.events(self._echo_cursor)
         self._echo_cursor += len(events)

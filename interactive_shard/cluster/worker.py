@@ -1,13 +1,13 @@
 """The rank process: join the process group, then run functions sent by the kernel.
 
 Protocol on the control pipe (an anonymous pipe inherited from the kernel, never a
-listening socket, so no other process can write to it):
+listening socket, so no other process can write to it), in ``messages.py``:
 
-  kernel -> rank   ("run", run_id, payload)   payload = cloudpickle of (fn, args, kwargs)
-                   ("stop",)
-  rank -> kernel   ("ready", pid)
-                   ("done", run_id, result)   result = pickled return value
-                   ("error", run_id, traceback_text, interrupted, broken)
+  kernel -> rank   RunCall(run_id, payload)   payload = cloudpickle of (fn, args, kwargs)
+                   Stop()
+  rank -> kernel   Ready(pid)
+                   Done(run_id, result)       result = pickled return value
+                   Failed(run_id, traceback, interrupted, broken)
 
 ``broken`` says the process group itself failed (a collective timed out or lost its
 peer): the ranks cannot be trusted with another collective and must restart.
@@ -34,6 +34,7 @@ from typing import Any
 import cloudpickle
 
 from interactive_shard.cluster import isolation
+from interactive_shard.cluster.messages import STARTUP, Done, Failed, Ready, RunCall
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,9 @@ def main(cfg: WorkerConfig, conn: Connection, out_w: Connection, err_w: Connecti
     try:
         ctx = _start(cfg)
     except BaseException:
-        conn.send(("error", 0, _format_exc(cfg.rank), False, True))
+        conn.send(Failed(STARTUP, _format_exc(cfg.rank), interrupted=False, broken=True))
         return
-    conn.send(("ready", os.getpid()))
+    conn.send(Ready(os.getpid()))
     _serve(cfg, ctx, conn)
 
 
@@ -109,24 +110,25 @@ def _serve(cfg: WorkerConfig, ctx: Any, conn: Connection) -> None:
             msg = conn.recv()
         except EOFError:  # kernel closed the pipe
             break
-        if msg[0] == "stop":
+        if not isinstance(msg, RunCall):  # Stop
             break
-        _, run_id, payload = msg
+        run_id = msg.run_id
         emitter.start_run(run_id)
-        reply: tuple[Any, ...]
+        reply: Done | Failed
         try:
-            fn, args, kwargs, sources = pickle.loads(payload)
+            fn, args, kwargs, sources = pickle.loads(msg.payload)
             linecache.cache.update(sources)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
                 result = fn(ctx, *args, **kwargs)
             finally:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-            reply = ("done", run_id, _dumps_result(cfg.rank, result))
+            reply = Done(run_id, _dumps_result(cfg.rank, result))
         except KeyboardInterrupt:
-            reply = ("error", run_id, _format_exc(cfg.rank), True, False)
+            reply = Failed(run_id, _format_exc(cfg.rank), interrupted=True, broken=False)
         except BaseException as exc:
-            reply = ("error", run_id, _format_exc(cfg.rank), False, _breaks_group(exc))
+            broken = _breaks_group(exc)
+            reply = Failed(run_id, _format_exc(cfg.rank), interrupted=False, broken=broken)
         sys.stdout.flush()
         sys.stderr.flush()
         emitter.flush(final=True)

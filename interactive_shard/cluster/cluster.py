@@ -14,13 +14,15 @@ Algorithm:
    that dies with the kernel, drop every socket inherited from the kernel, join the
    process group (gloo on loopback), say "ready". Stopping a rank, or seeing it die,
    kills its whole group: the rank's own children go with it.
-3. ``run(fn)`` sends ``cloudpickle((fn, args, kwargs))`` to every rank; each replies
-   "done" with its pickled result or "error" with its traceback. A supervisor
-   thread turns replies, output lines and process deaths into ``Run`` updates.
-4. When one rank fails the others get ``FAILURE_GRACE_S`` to report. Ranks still
-   running then are stuck (typically in a collective with the failed rank): the
-   cluster kills and restarts all ranks (``restart_on_failure``), or marks itself
-   broken so the next ``run`` asks for ``restart()``.
+3. ``run(fn)`` sends ``RunCall(run_id, cloudpickle((fn, args, kwargs)))`` to every
+   rank (``messages.py``); each replies ``Done`` with its pickled result or
+   ``Failed`` with its traceback. A supervisor thread turns replies, output lines
+   and process deaths into reports to the run's ``Outcome``.
+4. ``Outcome`` (Note [Run outcome] in outcome.py) decides when the run is over: when
+   one rank fails the others get ``FAILURE_GRACE_S`` to report. Ranks still running
+   then are stuck (typically in a collective with the failed rank): the cluster
+   kills them and restarts all ranks (``restart_on_failure``), or marks itself broken
+   so the next ``run`` asks for ``restart()``.
 
 Caveats: ``ctx.state`` lives in the rank processes, so a restart empties it. A rank
 stuck in C++ code ignores interrupts; it is killed after a grace period.

@@ -13,7 +13,16 @@ from typing import Annotated, Any
 
 import msgspec
 
-from interactive_shard.telemetry.schema import MAX_WORLD_SIZE, SCHEMA_VERSION, Event
+# MAX_PAYLOAD_DEPTH bounds an event payload, a value of the header's ``extra`` and one
+# rank's result alike: the channel's bound, so what crossed it can be saved. Far below
+# the interpreter's recursion limit (~1000), so nothing that walks a loaded payload
+# (models, figures, this module) can recurse out.
+from interactive_shard.telemetry.schema import (
+    MAX_PAYLOAD_DEPTH,
+    MAX_WORLD_SIZE,
+    SCHEMA_VERSION,
+    Event,
+)
 
 FORMAT = "interactive_shard.recording"
 # The longest line (newline included) a recording may hold: the header or one event.
@@ -21,12 +30,6 @@ FORMAT = "interactive_shard.recording"
 # objects (a 57 MiB line of empty lists took 1.4 GB), so this bound is what keeps the
 # memory one line can cost near a hundred MiB, whatever the file claims.
 MAX_LINE_BYTES = 4 * 1024 * 1024
-# The most lists / dicts a payload value (a header's ``extra`` value, one rank's
-# result) may nest: {"a": [[1]]} nests 2. The bound the channel puts on payloads, so
-# what crossed it can be saved; real payloads (shapes, config dicts) nest 1-4. Far
-# below the interpreter's recursion limit (~1000), so nothing that walks a loaded
-# payload (models, figures, this module) can recurse out.
-MAX_PAYLOAD_DEPTH = 10
 _INT64 = 2**63
 _SCALARS = (str, int, float, bool, type(None))
 

@@ -106,7 +106,7 @@ class Collector:
             raise ValueError(
                 f"Collector(host={host!r}) listens beyond this machine, so it needs a "
                 "token: pass token=secrets.token_hex(16) and give the same token to the "
-                "ranks (ish.telemetry.connect(address, token))."
+                "ranks (interactive_shard.telemetry.rank.connect(address, token))."
             )
         self.token = token or secrets.token_hex(16)
         self._token = schema.token_field(self.token)

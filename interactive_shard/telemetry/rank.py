@@ -1,8 +1,8 @@
 """Rank-side access to the channel, for probes and for ranks not started by a Cluster.
 
-A Cluster's worker connects on start-up. A process started by ``torchrun`` calls
-``connect(address, token)`` with the values printed by ``Collector``/``Cluster`` to
-stream to a notebook.
+A Cluster's worker connects on start-up. A process started by ``torchrun`` streams to
+a notebook with ``connect(address, token)`` (the values of ``cluster.telemetry``), or
+with ``connect_from_env()`` under ``ish.listen``.
 """
 
 from __future__ import annotations

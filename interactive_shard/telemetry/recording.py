@@ -42,7 +42,6 @@ import msgspec
 from interactive_shard.telemetry._recording_checks import (
     FORMAT,
     MAX_LINE_BYTES,
-    MAX_PAYLOAD_DEPTH,
     Header,
     RecordingError,
     RecordingWarning,
@@ -52,7 +51,7 @@ from interactive_shard.telemetry._recording_checks import (
     short,
     validate_header,
 )
-from interactive_shard.telemetry.schema import SCHEMA_VERSION, Event
+from interactive_shard.telemetry.schema import MAX_PAYLOAD_DEPTH, SCHEMA_VERSION, Event
 from interactive_shard.telemetry.store import RunInfo, RunStore
 
 __all__ = [

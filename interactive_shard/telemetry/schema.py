@@ -39,11 +39,13 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # Token bytes (UTF-8) carried in the header's fixed-size field.
 MAX_TOKEN_BYTES = 64
 
-# Built-in event kinds. Features add their own (e.g. "bucket").
-LOG = "log"  # payload: stream ("stdout" | "stderr"), text (one line)
-SCALAR = "scalar"  # payload: name, value
-PROGRESS = "progress"  # payload: total (int | None)
-STATE = "state"  # payload: state (a RankState value), detail
+# Built-in event kinds: every run has them (the cluster emits them, the monitor reads
+# them). Their payloads are the Structs of monitor/events.py, which take these names as
+# their KIND. Features add their own kinds (e.g. "bucket").
+LOG = "log"  # monitor.events.Log: one line of a rank's stdout / stderr
+SCALAR = "scalar"  # monitor.events.Scalar: a number at a step
+PROGRESS = "progress"  # monitor.events.Progress: a step of ctx.steps(total) begins
+STATE = "state"  # monitor.events.State: a rank's state changed
 
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
 _PLAIN_TYPES = frozenset(_PLAIN_SCALARS)

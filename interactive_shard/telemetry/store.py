@@ -1,7 +1,7 @@
 """RunStore: the single kernel-side state of a run.
 
 Written by the collector thread (events from ranks) and the cluster's supervisor
-(logs, rank states, results); read by models on the notebook's main thread. Events
+(log lines, rank states); read by models on the notebook's main thread. Events
 are append-only, so a model keeps a cursor and consumes only what is new.
 """
 
@@ -36,7 +36,6 @@ class RunStore:
         self.info = info
         self._events: list[Event] = []
         self._lock = threading.Lock()
-        self.rejected = 0  # messages that failed validation (counted, never stored)
 
     @property
     def version(self) -> int:

@@ -3,11 +3,13 @@
 The kinds are the built-in ones of ``telemetry/schema.py``: the Cluster, the Run and
 ``ctx.steps`` emit them, and ``MonitorModel`` reads them. A user's rank code sends
 scalars with ``ctx.emit("scalar", name="loss", value=loss.item())``: a line per rank.
+The code that emits an event builds its Struct and sends ``payload(event)``; the model
+decodes a payload with ``msgspec.convert``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
@@ -28,8 +30,8 @@ class Log(msgspec.Struct, kw_only=True, frozen=True):
 class Scalar(msgspec.Struct, kw_only=True, frozen=True):
     """A number the rank's code reports at its current step (``ctx.emit("scalar", ...)``).
 
-    The monitor plots one line per name and rank, against ``Event.step``; a value that
-    is not a number is ignored.
+    The monitor plots one line per name and rank, against ``Event.step``; an event whose
+    value is not a number is skipped (counted in ``MonitorModel.skipped``).
     """
 
     KIND: ClassVar[str] = schema.SCALAR
@@ -43,7 +45,7 @@ class Progress(msgspec.Struct, kw_only=True, frozen=True):
 
     KIND: ClassVar[str] = schema.PROGRESS
 
-    total: Annotated[int | None, Meta(description="the last step (null: not known)")]
+    total: Annotated[int | None, Meta(description="the last step (null: not known)")] = None
 
 
 class State(msgspec.Struct, kw_only=True, frozen=True):
@@ -52,8 +54,15 @@ class State(msgspec.Struct, kw_only=True, frozen=True):
 
     KIND: ClassVar[str] = schema.STATE
 
-    state: Annotated[RankState, Meta(description="a `RankState` (`monitor/model.py`)")]
+    state: Annotated[RankState, Meta(description="a `RankState` (`cluster/state.py`)")]
     detail: Annotated[str, Meta(description="why, in words (e.g. the error of a failed rank)")] = ""
 
 
 EVENTS = (Log, Scalar, Progress, State)  # in docs/events.md, in this order
+
+
+def payload(event: msgspec.Struct) -> dict[str, Any]:
+    """The payload to send for ``event``: its fields as plain data (a ``RankState`` as its
+    value), ready for ``emit`` or ``Event(event.KIND, rank, step, t, payload(event))``."""
+    plain: dict[str, Any] = msgspec.to_builtins(event)
+    return plain

@@ -1,7 +1,8 @@
 """RunMonitor model: per-rank state, step, progress, last log lines, and scalars.
 
 Derived from a RunStore incrementally (a cursor over its append-only events), so it
-serves a live run and a loaded recording alike. No widgets here.
+serves a live run and a loaded recording alike. Payloads are decoded with their
+Structs (``monitor/events.py``). No widgets here.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from interactive_shard.cluster.state import RankState
-from interactive_shard.telemetry import schema
+from interactive_shard.monitor.events import Log, Progress, Scalar, State
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
 
@@ -47,9 +50,9 @@ class MonitorModel:
     def update(self) -> bool:
         """Consume new events; True when anything changed.
 
-        An event the model cannot read (a rank outside the run, an unknown state...)
-        is skipped and counted in ``skipped`` (logged once); the events after it are
-        read as usual.
+        An event the model cannot read (a rank outside the run, a payload that does not
+        fit its Struct: an unknown state, a scalar that is not a number...) is skipped
+        and counted in ``skipped`` (logged once); the events after it are read as usual.
         """
         events = self.store.events(self._cursor)
         self._cursor += len(events)
@@ -64,25 +67,23 @@ class MonitorModel:
         if not 0 <= e.rank < len(self.ranks):
             raise ValueError(f"rank {e.rank} outside 0..{len(self.ranks) - 1}")
         status = self.ranks[e.rank]
-        if e.kind == schema.SCALAR:
-            name = str(e.payload.get("name", "value"))
-            value = e.payload.get("value")
-            if isinstance(value, (int, float)):
-                value = float(value)  # before touching the series: may raise for huge ints
-                series = self.scalars.setdefault(name, {}).setdefault(e.rank, Series())
-                series.steps.append(e.step)
-                series.values.append(value)
-        elif e.kind == schema.PROGRESS:
-            total = e.payload.get("total")
-            status.step = e.step
-            status.total = total if isinstance(total, int) else None
-        elif e.kind == schema.LOG:
-            status.logs.append(str(e.payload.get("text", "")))
-        elif e.kind == schema.STATE:
-            state = RankState(e.payload.get("state", "running"))  # raises for unknown ones
-            status.state = state
-            status.detail = str(e.payload.get("detail", ""))
-        if e.step > status.step and e.kind != schema.LOG:
+        kind = e.kind
+        # Decoded before anything changes: a payload that does not fit changes nothing.
+        if kind == Scalar.KIND:
+            scalar = msgspec.convert(e.payload, Scalar)
+            series = self.scalars.setdefault(scalar.name, {}).setdefault(e.rank, Series())
+            series.steps.append(e.step)
+            series.values.append(scalar.value)
+        elif kind == Progress.KIND:
+            status.step, status.total = e.step, msgspec.convert(e.payload, Progress).total
+        elif kind == Log.KIND:
+            status.logs.append(msgspec.convert(e.payload, Log).text)
+            return  # noted in the kernel at step 0: says nothing of the rank's step
+        elif kind == State.KIND:
+            state = msgspec.convert(e.payload, State)
+            status.state, status.detail = state.state, state.detail
+        # Any kind (a feature's too) tells how far the rank got.
+        if e.step > status.step:
             status.step = e.step
 
     def _skip(self, e: Event, exc: Exception) -> None:
@@ -96,7 +97,3 @@ class MonitorModel:
                 type(exc).__name__,
                 exc,
             )
-
-    @property
-    def finished(self) -> bool:
-        return all(r.state in (RankState.FINISHED, RankState.FAILED) for r in self.ranks)

@@ -142,3 +142,37 @@ def test_model_skips_an_event_it_cannot_read_and_keeps_the_ones_after(
     assert [r.state for r in model.ranks] == [RankState.STARTING, RankState.RUNNING]
     assert model.skipped == 2
     assert len([r for r in caplog.records if "cannot read" in r.getMessage()]) == 1
+
+
+def test_events_built_with_their_structs_are_what_the_model_reads() -> None:
+    from interactive_shard.monitor.events import Log, Progress, Scalar, State, payload
+
+    store = _store()
+    sent = [
+        (State.KIND, 0, payload(State(state=RankState.RUNNING))),
+        (Progress.KIND, 3, payload(Progress(total=9))),
+        (Scalar.KIND, 3, payload(Scalar(name="loss", value=0.5))),
+        (Log.KIND, 0, payload(Log(stream="stderr", text="careful"))),
+    ]
+    assert sent[0][2] == {"state": "running", "detail": ""}  # plain data: the enum's value
+    store.extend(Event(kind, 1, step, 0.0, p) for kind, step, p in sent)
+    model = MonitorModel(store)
+    model.update()
+    rank = model.ranks[1]
+    assert (rank.state, rank.step, rank.total, list(rank.logs)) == (
+        RankState.RUNNING,
+        3,
+        9,
+        ["careful"],
+    )
+    assert model.scalars["loss"][1].values == [0.5] and model.skipped == 0
+
+
+def test_model_counts_a_scalar_that_is_not_a_number_and_reads_an_empty_progress() -> None:
+    store = _store()
+    store.append(Event("scalar", 0, 2, 0.0, {"name": "loss", "value": "high"}))
+    store.append(Event("progress", 1, 4, 0.0, {}))  # older recordings: total not known
+    model = MonitorModel(store)
+    model.update()
+    assert model.scalars == {} and model.skipped == 1
+    assert (model.ranks[1].step, model.ranks[1].total) == (4, None)

@@ -23,6 +23,7 @@ test: $(STAMP) lint unit integration notebooks browser
 lint: $(STAMP)
 	$(PY) -m ruff check interactive_shard tests benchmarks
 	$(PY) -m ruff format --check interactive_shard tests benchmarks
+	$(PY) -m mypy
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q

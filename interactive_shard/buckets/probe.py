@@ -148,7 +148,7 @@ def attach(
     return Probe(ddp_model, comm_hook, state, checksum)
 
 
-def _probe_comm_hook(probe, bucket):  # type: ignore[no-untyped-def]
+def _probe_comm_hook(probe, bucket):
     # No annotations: DDP compares them with the real types and, under ``from __future__
     # import annotations``, they would be strings. Module-level so that a second
     # ``attach`` recognises it.

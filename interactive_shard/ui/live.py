@@ -62,9 +62,11 @@ class LazyWidget(ShowsView):
     def widget(self) -> Any:
         if self._widget is None:
             self._build()
+            # Read again: _build set it (a type checker keeps the `is None` above).
+            built: Any = self._widget
             # ui.live holds views weakly; the widget (kept by the kernel while shown)
             # keeps its view alive, so a displayed view goes on refreshing.
-            self._widget._ish_view = self
+            built._ish_view = self
             register(self)
         return self._widget
 

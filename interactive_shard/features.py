@@ -86,7 +86,7 @@ FEATURES: tuple[Feature, ...] = (
         model="interactive_shard.monitor.model:MonitorModel",
         view="interactive_shard.monitor.view:MonitorView",
         figures="interactive_shard.monitor.figures:report_figures",
-        events="interactive_shard.monitor.events:EVENTS",
+        events="interactive_shard.cluster.events:EVENTS",
         always=True,
     ),
     Feature(

@@ -42,7 +42,7 @@ import weakref
 from typing import Any
 
 from interactive_shard import features
-from interactive_shard.cluster import isolation, options
+from interactive_shard.cluster import events, isolation, options
 from interactive_shard.cluster._support import Resources, pickle_call, preimport_for_fork, weak
 from interactive_shard.cluster.errors import RankError
 from interactive_shard.cluster.isolation import Rendezvous
@@ -171,7 +171,7 @@ class Cluster(live.ShowsView):
         self._ready_for_run()
         if not callable(fn):
             raise TypeError(f"cluster.run needs a function fn(ctx, ...), got {fn!r}.")
-        payload = pickle_call(fn, args, kwargs)
+        call = pickle_call(fn, args, kwargs)
         run_id = next(_run_ids)
         import torch
 
@@ -194,7 +194,7 @@ class Cluster(live.ShowsView):
             run.record_state(rank, RankState.RUNNING)
         assert self._gen is not None
         for rank in range(self.nprocs):
-            self._gen.send(rank, RunCall(run_id, payload))
+            self._gen.send(rank, RunCall(run_id, call))
         if wait:
             return run.wait()
         live.keep_polling(lambda: self.advance(run))
@@ -354,8 +354,10 @@ class Cluster(live.ShowsView):
             self.logs[rank].append(line)
             run = self._current or self._latest
         if run is not None:
-            payload = {"stream": stream, "text": line}
-            run.store.append(schema.Event(schema.LOG, rank, 0, time.monotonic(), payload))
+            log = events.payload(
+                events.Log(stream="stderr" if stream == "stderr" else "stdout", text=line)
+            )
+            run.store.append(schema.Event(events.Log.KIND, rank, 0, time.monotonic(), log))
 
     def _on_exit(self, rank: int, exitcode: int | None) -> None:
         if self._closed or self._gen is None:

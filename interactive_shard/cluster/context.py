@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from interactive_shard.telemetry import schema
+from interactive_shard.cluster import events
 from interactive_shard.telemetry.channel import Emitter
 
 
@@ -50,7 +50,9 @@ class RankContext:
             raise ValueError(f"ctx.steps(total) needs a non-negative int, got {total!r}.")
         for step in range(start, start + total):
             self.step = step
-            self._emitter.emit(schema.PROGRESS, {"total": start + total - 1})
+            self._emitter.emit(
+                events.Progress.KIND, events.payload(events.Progress(total=start + total - 1))
+            )
             yield step
 
     def flush(self) -> None:

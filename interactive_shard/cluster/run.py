@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from interactive_shard import features
 from interactive_shard.cluster.errors import RankError
+from interactive_shard.cluster.events import State, payload
 from interactive_shard.cluster.outcome import Outcome, Reply, Verdict
 from interactive_shard.cluster.state import RankState
 from interactive_shard.telemetry import recording, schema
@@ -77,8 +78,8 @@ class Run(ShowsView):
         self.record_state(rank, state, detail)
 
     def record_state(self, rank: int, state: RankState, detail: str = "") -> None:
-        payload = {"state": state.value, "detail": detail}
-        self.store.append(schema.Event(schema.STATE, rank, 0, time.monotonic(), payload))
+        event = payload(State(state=state, detail=detail))
+        self.store.append(schema.Event(State.KIND, rank, 0, time.monotonic(), event))
 
     # -- deciding -----------------------------------------------------------------------
     @property

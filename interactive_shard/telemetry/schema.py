@@ -40,12 +40,12 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_TOKEN_BYTES = 64
 
 # Built-in event kinds: every run has them (the cluster emits them, the monitor reads
-# them). Their payloads are the Structs of monitor/events.py, which take these names as
+# them). Their payloads are the Structs of cluster/events.py, which take these names as
 # their KIND. Features add their own kinds (e.g. "bucket").
-LOG = "log"  # monitor.events.Log: one line of a rank's stdout / stderr
-SCALAR = "scalar"  # monitor.events.Scalar: a number at a step
-PROGRESS = "progress"  # monitor.events.Progress: a step of ctx.steps(total) begins
-STATE = "state"  # monitor.events.State: a rank's state changed
+LOG = "log"  # cluster.events.Log: one line of a rank's stdout / stderr
+SCALAR = "scalar"  # cluster.events.Scalar: a number at a step
+PROGRESS = "progress"  # cluster.events.Progress: a step of ctx.steps(total) begins
+STATE = "state"  # cluster.events.State: a rank's state changed
 
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
 _PLAIN_TYPES = frozenset(_PLAIN_SCALARS)

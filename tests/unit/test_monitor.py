@@ -145,7 +145,7 @@ def test_model_skips_an_event_it_cannot_read_and_keeps_the_ones_after(
 
 
 def test_events_built_with_their_structs_are_what_the_model_reads() -> None:
-    from interactive_shard.monitor.events import Log, Progress, Scalar, State, payload
+    from interactive_shard.cluster.events import Log, Progress, Scalar, State, payload
 
     store = _store()
     sent = [

@@ -1,7 +1,8 @@
-"""The monitor's events: what every run records about its ranks, one Struct per kind.
+"""A run's own events: what every run records about its ranks, one Struct per kind.
 
 The kinds are the built-in ones of ``telemetry/schema.py``: the Cluster, the Run and
-``ctx.steps`` emit them, and ``MonitorModel`` reads them. A user's rank code sends
+``ctx.steps`` emit them (so they live in cluster/), and the monitor (``MonitorModel``)
+reads them. A user's rank code sends
 scalars with ``ctx.emit("scalar", name="loss", value=loss.item())``: a line per rank.
 The code that emits an event builds its Struct and sends ``payload(event)``; the model
 decodes a payload with ``msgspec.convert``.

@@ -22,6 +22,7 @@ from interactive_shard.telemetry.schema import (
     MAX_WORLD_SIZE,
     SCHEMA_VERSION,
     Event,
+    plain_problem,
 )
 
 FORMAT = "interactive_shard.recording"
@@ -116,34 +117,6 @@ def validate_header(raw: dict[str, Any]) -> Header | str:
             if problem is not None:
                 return f"header field 'results': rank {rank}'s result {problem}"
     return header
-
-
-def plain_problem(value: Any, depth: int) -> str | None:
-    """Why ``value`` is not plain data nesting at most ``depth`` containers, or None.
-
-    Only containers are walked (scalars are the common case); the walk stops at the
-    depth bound, so a cyclic or hostile value cannot recurse out.
-    """
-    if isinstance(value, _SCALARS):
-        return None
-    if isinstance(value, dict):
-        for key in value:
-            if not isinstance(key, str):
-                return f"has a key {short(key)} that is not a string"
-        items: Any = value.values()
-    elif isinstance(value, (list, tuple)):
-        items = value
-    else:
-        kind = type(value)
-        return f"holds a {kind.__module__}.{kind.__qualname__}, which is not plain data"
-    if depth < 1:
-        return f"nests more than {MAX_PAYLOAD_DEPTH} lists / dicts deep"
-    for item in items:
-        if not isinstance(item, _SCALARS):
-            problem = plain_problem(item, depth - 1)
-            if problem is not None:
-                return problem
-    return None
 
 
 def event_problem(event: Event, world_size: int, *, walk_payload: bool = True) -> str | None:

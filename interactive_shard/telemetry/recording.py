@@ -47,11 +47,15 @@ from interactive_shard.telemetry._recording_checks import (
     RecordingWarning,
     event_problem,
     may_nest_too_deep,
-    plain_problem,
     short,
     validate_header,
 )
-from interactive_shard.telemetry.schema import MAX_PAYLOAD_DEPTH, SCHEMA_VERSION, Event
+from interactive_shard.telemetry.schema import (
+    MAX_PAYLOAD_DEPTH,
+    SCHEMA_VERSION,
+    Event,
+    plain_problem,
+)
 from interactive_shard.telemetry.store import RunInfo, RunStore
 
 __all__ = [

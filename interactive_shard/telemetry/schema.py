@@ -136,7 +136,7 @@ def check_payload(kind: str, payload: dict[str, Any]) -> None:
             continue
         if not isinstance(key, str):
             raise PayloadError(f"emit({kind!r}): payload key {key!r} is not a str.")
-        problem = _problem(value, MAX_PAYLOAD_DEPTH)
+        problem = plain_problem(value, MAX_PAYLOAD_DEPTH)
         if problem is not None:
             raise PayloadError(
                 f"emit({kind!r}): payload value {key!r} {problem}. Send plain data: numbers, "
@@ -145,26 +145,28 @@ def check_payload(kind: str, payload: dict[str, Any]) -> None:
             )
 
 
-def _problem(value: Any, depth: int) -> str | None:
-    """Why ``value`` is not plain data nesting at most ``depth`` containers, or None."""
+def plain_problem(value: Any, depth: int) -> str | None:
+    """Why ``value`` is not plain data nesting at most ``depth`` containers, or None.
+
+    Used by ``check_payload`` on the rank and by the recording checks in the kernel.
+    The walk stops at the depth bound, so a cyclic or hostile value cannot recurse out.
+    """
     if isinstance(value, _PLAIN_SCALARS):
         return None
     if isinstance(value, dict):
         for k in value:
             if not isinstance(k, str):
-                return f"has a key {k!r} that is not a str"
+                return f"has a key {k!r} that is not a string"
         items: Any = value.values()
     elif isinstance(value, (list, tuple)):
         items = value
     else:
-        return (
-            f"contains a {type(value).__module__}.{type(value).__qualname__}, "
-            "which cannot leave the rank"
-        )
+        kind = type(value)
+        return f"holds a {kind.__module__}.{kind.__qualname__}, which is not plain data"
     if depth == 0:
         return f"nests more than {MAX_PAYLOAD_DEPTH} lists/dicts deep"
     for item in items:
-        problem = _problem(item, depth - 1)
+        problem = plain_problem(item, depth - 1)
         if problem is not None:
             return problem
     return None

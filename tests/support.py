@@ -17,6 +17,21 @@ from interactive_shard.telemetry.store import RunInfo, RunStore
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# A valid recording header, as run.save writes it: the starting point of hostile files.
+RECORDING_HEADER: dict[str, Any] = {
+    "format": "interactive_shard.recording",
+    "schema_version": 1,
+    "package_version": "0.1.0",
+    "torch_version": "2.13.0",
+    "world_size": 2,
+    "backend": "gloo",
+    "device_types": ["cpu"],
+    "name": "",
+    "extra": {},
+    "results": None,
+}
+
+
 def make_store(events: Iterable[Event] = (), *, world_size: int = 2, **info: Any) -> RunStore:
     """A 2-rank gloo CPU run's store holding ``events`` (``info`` overrides RunInfo fields)."""
     fields: dict[str, Any] = {"backend": "gloo", "device_types": ["cpu"], **info}

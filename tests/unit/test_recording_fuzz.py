@@ -12,6 +12,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import RECORDING_HEADER as HEADER
 
 import interactive_shard as ish
 from interactive_shard.telemetry import Event, RunInfo, RunStore, recording
@@ -19,18 +20,6 @@ from interactive_shard.telemetry import Event, RunInfo, RunStore, recording
 FAST = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-HEADER: dict[str, Any] = {
-    "format": "interactive_shard.recording",
-    "schema_version": 1,
-    "package_version": "0.1.0",
-    "torch_version": "2.13.0",
-    "world_size": 2,
-    "backend": "gloo",
-    "device_types": ["cpu"],
-    "name": "",
-    "extra": {},
-    "results": None,
-}
 INT64 = st.integers(-(2**63), 2**63 - 1)
 FINITE = st.floats(allow_nan=False, allow_infinity=False)
 SCALARS = st.none() | st.booleans() | INT64 | FINITE | st.text(max_size=8)

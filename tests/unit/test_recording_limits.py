@@ -10,23 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import RECORDING_HEADER as HEADER
 from support import make_store
 
 import interactive_shard as ish
 from interactive_shard.telemetry import Event, RunStore, recording
 
-HEADER: dict[str, Any] = {
-    "format": "interactive_shard.recording",
-    "schema_version": 1,
-    "package_version": "0.1.0",
-    "torch_version": "2.13.0",
-    "world_size": 2,
-    "backend": "gloo",
-    "device_types": ["cpu"],
-    "name": "",
-    "extra": {},
-    "results": None,
-}
 EVENT = b'["scalar",0,0,0.0,{"name":"loss","value":1.0}]\n'
 TOO_DEEP = recording.MAX_PAYLOAD_DEPTH + 1  # lists / dicts nested in one payload value
 

@@ -98,6 +98,15 @@ FEATURES: tuple[Feature, ...] = (
         events="interactive_shard.buckets.events:EVENTS",
         probe="interactive_shard.buckets.probe",
     ),
+    Feature(
+        name="splits",
+        title="torch.compile graph splits (DDPOptimizer)",
+        model="interactive_shard.splits.model:SplitsModel",
+        view="interactive_shard.splits.view:SplitsView",
+        figures="interactive_shard.splits.figures:report_figures",
+        events="interactive_shard.splits.events:EVENTS",
+        probe="interactive_shard.splits.probe",
+    ),
 )
 
 

@@ -71,13 +71,45 @@ def _feature(feature: Feature) -> str:
         lines += ["", intro]
     for event in events:
         lines += ["", _event(event)]
+    nested = _nested(events)
+    if nested:
+        lines += ["", "Records inside these events:"]
+        lines += ["\n" + _event(struct) for struct in nested]
     return "\n".join(lines) + "\n"
 
 
+def _nested(events: Any) -> list[Any]:
+    """The Structs used inside the events' fields, in order of first use."""
+    found: list[Any] = []
+
+    def walk(t: Any) -> None:
+        if isinstance(t, mi.StructType):
+            if t.cls not in found and t.cls not in events:
+                found.append(t.cls)
+                for f in t.fields:
+                    walk(f.type)
+            return
+        for child in ("type", "item_type", "key_type", "value_type"):
+            if hasattr(t, child):
+                walk(getattr(t, child))
+        for u in getattr(t, "types", ()):
+            walk(u)
+
+    for event in events:
+        for f in mi.type_info(event).fields:  # type: ignore[union-attr]
+            walk(f.type)
+    return found
+
+
 def _event(event: Any) -> str:
-    lines = [f"### `{event.KIND}` ({event.__name__})", "", _doc(event)]
-    lines += ["", "| field | type | default | meaning |", "|---|---|---|---|"]
+    kind = getattr(event, "KIND", None)
+    title = f"`{kind}` ({event.__name__})" if kind else f"{event.__name__}"
+    lines = [f"### {title}", "", _doc(event)]
     info = mi.type_info(event)
+    assert isinstance(info, mi.StructType)
+    if info.array_like:
+        lines += ["", "Sent as an array of its fields, in this order."]
+    lines += ["", "| field | type | default | meaning |", "|---|---|---|---|"]
     assert isinstance(info, mi.StructType)
     for f in info.fields:
         kind, meaning = _type(f.type)
@@ -127,6 +159,8 @@ def _name(t: mi.Type) -> str:
         return " or ".join(f"`{json.dumps(v)}`" for v in t.values)
     if isinstance(t, mi.EnumType):
         return " or ".join(f"`{json.dumps(m.value)}`" for m in t.cls)
+    if isinstance(t, mi.StructType):
+        return t.cls.__name__
     names = {mi.StrType: "str", mi.BoolType: "bool", mi.NoneType: "null"}
     for cls, name in names.items():
         if isinstance(t, cls):

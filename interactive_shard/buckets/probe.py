@@ -115,7 +115,7 @@ if TYPE_CHECKING:
 __all__ = ["OPTIONS", "WATCHES", "CommHookRegisteredError", "Probe", "attach", "fits"]
 
 # What ``ish.watch`` (watching.py) needs of a feature's probe module.
-WATCHES = "torch.nn.parallel.DistributedDataParallel models"
+WATCHES = "torch.nn.parallel.DistributedDataParallel models (compiled or not)"
 OPTIONS = frozenset({"comm_hook", "state", "checksum"})
 
 _engine = torch.autograd.Variable._execution_engine
@@ -124,7 +124,12 @@ _task_id = torch._C._current_graph_task_id  # -1 outside backward
 
 
 def fits(obj: object) -> bool:
-    return isinstance(obj, DistributedDataParallel)
+    return isinstance(_uncompiled(obj), DistributedDataParallel)
+
+
+def _uncompiled(obj: object) -> object:
+    """The DDP model inside ``torch.compile(ddp)``: its buckets are the eager Reducer's."""
+    return getattr(obj, "_orig_mod", obj)
 
 
 def attach(
@@ -143,6 +148,7 @@ def attach(
     "full" or "off". Events: ``ddp_watch`` now, then ``bucket`` and ``ddp_iteration``
     every step.
     """
+    ddp_model = _uncompiled(ddp_model)  # type: ignore[assignment]
     checks.check_watchable(ddp_model, checksum, comm_hook, state)
     checks.check_attachable(ddp_model, _probe_comm_hook)
     return Probe(ddp_model, comm_hook, state, checksum)

@@ -95,6 +95,7 @@ class Partition(msgspec.Struct, kw_only=True, frozen=True):
         ),
     ]
     nbytes: Annotated[Bytes, Meta(description="the bucket's size as DDPOptimizer counted it")]
+    param_bytes: Annotated[list[Bytes], Meta(description="per entry of `fqns`")] = []
     regions: Annotated[list[Region], Meta(description="global-state regions, in entry order")]
     inputs: Annotated[list[str], Meta(description="placeholder names")] = []
     outputs: Annotated[list[str], Meta(description="names of the values it returns")] = []

@@ -269,8 +269,9 @@ def _topological(order: Sequence[GraphNode], pid: dict[str, int]) -> list[int]:
     return out
 
 
-def _fqns(bucket: _Bucket) -> list[str]:
-    return list(dict.fromkeys(fqn for fqn, _ in bucket.params))
+def _params(bucket: _Bucket) -> dict[str, int]:
+    """fqn -> bytes of the parameters a bucket counted, each once, in counting order."""
+    return dict(bucket.params)
 
 
 def plan_graph(nodes: Sequence[GraphNode], cap: int, first: int) -> GraphPlan:
@@ -283,7 +284,8 @@ def plan_graph(nodes: Sequence[GraphNode], cap: int, first: int) -> GraphPlan:
             index=0,
             name="graph",
             calls=calls,
-            fqns=_fqns(b),
+            fqns=list(_params(b)),
+            param_bytes=list(_params(b).values()),
             nbytes=b.size,
             regions=regions_of(calls),
             extended=b.extended,
@@ -304,7 +306,8 @@ def plan_graph(nodes: Sequence[GraphNode], cap: int, first: int) -> GraphPlan:
                 index=index,
                 name=f"submod_{p}",
                 calls=calls,
-                fqns=_fqns(b),
+                fqns=list(_params(b)),
+                param_bytes=list(_params(b).values()),
                 nbytes=b.size,
                 regions=regions_of(calls),
                 extended=b.extended,

@@ -171,7 +171,7 @@ class SplitProbe:
         backend: Any,
         seconds: float,
     ) -> SplitCompile:
-        fqn = {u.name: u.fqn for n in graph for u in (*n.module_params, *n.arg_params)}
+        uses = {u.name: u for n in graph for u in (*n.module_params, *n.arg_params)}
         table = ddpo.buckets
         if len(table) == 1:  # compiled whole: the backend got the dynamo graph itself
             order, parent = [("graph", 0)], ""
@@ -182,12 +182,17 @@ class SplitProbe:
         partitions = []
         for index, ((name, bucket), got) in enumerate(zip(order, received, strict=False)):
             b = table[bucket]
+            counted = {
+                (uses[p].fqn if p in uses else p): (uses[p].nbytes if p in uses else 0)
+                for p in b.params
+            }
             partitions.append(
                 Partition(
                     index=index,
                     name=name,
                     calls=got.calls,
-                    fqns=list(dict.fromkeys(fqn.get(p, p) for p in b.params)),
+                    fqns=list(counted),
+                    param_bytes=list(counted.values()),
                     nbytes=b.size,
                     regions=regions_of(got.calls),
                     inputs=got.inputs,

@@ -131,6 +131,11 @@ class SplitsModel(ShowsView):
         if not found:
             raise LookupError(f"rank {rank} reported no compile yet (ranks with one: {self.ranks})")
         comp = found[index]
+        if not comp.graph:
+            raise LookupError(
+                f"rank {rank}'s compile {comp.index} came without its graph (too large for "
+                "one telemetry message): it cannot be planned again here"
+            )
         cap_mb = comp.bucket_bytes_cap / MIB if bucket_cap_mb is None else bucket_cap_mb
         first_mb = (
             comp.first_bucket_bytes / MIB if first_bucket_cap_mb is None else first_bucket_cap_mb
@@ -186,6 +191,9 @@ def _compare_rank(rank: int, here: _Rank, plan: SplitPlan | GraphPlan | None) ->
     if not here.compilations:
         return [f"{where}: no compile captured yet"]
     if plan is None:
+        unsent = [c.index for c in here.compilations if not c.graph]
+        if unsent:
+            return [f"{where}: compiles {unsent} came without their graph (too large to send)"]
         pairs = [
             (c, plan_graph(c.graph, c.bucket_bytes_cap, c.first_bucket_bytes))
             for c in here.compilations

@@ -48,12 +48,14 @@ from interactive_shard.splits._graph import calls_of, graph_nodes, placeholders_
 from interactive_shard.splits.events import Call, GraphNode, Partition, SplitCompile, SplitNothing
 from interactive_shard.splits.plan import regions_of, skipped_reason
 from interactive_shard.telemetry import rank as telemetry
+from interactive_shard.telemetry import schema
 
 __all__ = ["OPTIONS", "WATCHES", "SplitProbe", "attach", "fits"]
 
 WATCHES = "torch.compile'd DDP models (torch.compile(DistributedDataParallel(model)))"
 OPTIONS: frozenset[str] = frozenset()
 MAX_CODE_CHARS = 64 * 1024  # per partition: a huge graph's code is cut, not sent whole
+MAX_EVENT_BYTES = schema.MAX_MESSAGE_BYTES * 3 // 4  # room for the batch around it
 
 _lock = threading.Lock()
 _probes: dict[int, SplitProbe] = {}  # id(DDP model) -> its probe
@@ -157,7 +159,7 @@ class SplitProbe:
         finally:
             ddpo.backend_compile_fn = backend
         event = self._event(ddpo, gm, result, graph, received, backend, time.perf_counter() - start)
-        telemetry.emit(event.KIND, msgspec.to_builtins(event))
+        telemetry.emit(event.KIND, _fitting(event))
         self.compiles += 1
         return result
 
@@ -250,6 +252,21 @@ class SplitProbe:
         self._reported_nothing = True
         event = SplitNothing(reason=reason, calls=max(self.calls, 1))
         telemetry.emit(event.KIND, msgspec.to_builtins(event))
+
+
+def _fitting(event: SplitCompile) -> dict[str, Any]:
+    """The event's payload, made to fit one telemetry message: a huge graph's code goes
+    first, then the graph the kernel would re-plan from (its what-if then says so)."""
+    payload: dict[str, Any] = msgspec.to_builtins(event)
+    if len(msgspec.msgpack.encode(payload)) <= MAX_EVENT_BYTES:
+        return payload
+    cut = "# left out: the compile's record would not fit in one telemetry message"
+    parts = [msgspec.structs.replace(p, code=cut) for p in event.partitions]
+    event = msgspec.structs.replace(event, partitions=parts, parent=cut)
+    payload = msgspec.to_builtins(event)
+    if len(msgspec.msgpack.encode(payload)) > MAX_EVENT_BYTES:
+        payload = msgspec.to_builtins(msgspec.structs.replace(event, graph=[]))
+    return payload
 
 
 def _code(gm: fx.GraphModule) -> str:

@@ -51,12 +51,12 @@ def regions_undone() -> Iterator[Undone]:
     the first without the enter. Compiled on their own, those partitions trace their
     ops outside autocast: they compute in float32 where the model asked for bfloat16,
     and a partition whose inputs are already bfloat16 fails with a dtype mismatch
-    (PyTorch issue 111794, with ``torch.compile`` + AMP + DDP). PyTorch PR 113374
-    ("fx.split_module will setup/unwind autocast & grad_mode", in torch 2.2) made
-    ``split_module`` copy the ``_enter_autocast`` to the start of every later partition
-    in the region and an ``_exit_autocast`` to the end of every earlier one (and
-    ``_set_grad_enabled`` likewise), so each partition compiles in the state its
-    nodes ran in.
+    (PyTorch issue 111794: on torch 2.1, ``torch.compile`` + AMP + DDP failed to
+    compile). PyTorch PR 113374 ("fx.split_module will setup/unwind autocast &
+    grad_mode", November 2023) made ``split_module`` copy the ``_enter_autocast`` to
+    the start of every later partition in the region and an ``_exit_autocast`` to the
+    end of every earlier one (and ``_set_grad_enabled`` likewise), so each partition
+    compiles in the state its nodes ran in.
 
     Algorithm: while the block runs, ``torch.fx.passes.split_module.split_module`` is
     replaced by a wrapper that

@@ -70,6 +70,7 @@ class SplitsModel(ShowsView):
         self.revision = 0  # grows whenever split data arrived; views compare it
         self._cursor = 0
         self._ranks: dict[int, _Rank] = {}
+        self._buckets: Any = None  # the run's bucket map, for versus_runtime (incremental)
 
     def update(self) -> bool:
         """Consume new events; True when split data changed."""
@@ -168,7 +169,9 @@ class SplitsModel(ShowsView):
         comp = self.latest(rank)
         if comp is None:
             return ["no compile captured yet"]
-        buckets = features.feature("buckets").build_model(self.store)
+        if self._buckets is None:  # built once: a live view asks at every refresh
+            self._buckets = features.feature("buckets").build_model(self.store)
+        buckets = self._buckets
         latest = buckets.latest
         runtime = buckets.observed(latest, rank) if latest is not None else []
         info = getattr(buckets, "info", None)

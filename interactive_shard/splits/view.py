@@ -1,0 +1,483 @@
+"""SplitsView: the graph-split widget (rank, compile, lanes, partition, plan, what-if caps).
+
+Thin: the state worth testing lives in ``SplitsModel`` and in the pure figures of
+``figures.py`` / ``figures_lanes.py``; this file wires widgets to them. Every redraw
+builds a figure from the model as it is now and swaps it into its FigureWidget inside
+``batch_update()``; ``ui.live`` calls ``refresh()`` at most 10 times a second while
+ranks run, and a panel is redrawn only when what it shows changed (the model's
+``revision``, or a control).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from interactive_shard.splits.compare import compare_graph
+from interactive_shard.splits.events import Partition
+from interactive_shard.splits.figures import (
+    figure_cap_sweep,
+    figure_compare,
+    figure_lanes,
+    plan_for,
+    report_figures,
+)
+from interactive_shard.splits.figures_lanes import DIFF, fmt_bytes, short_target
+from interactive_shard.splits.model import Compilation, SplitsModel
+from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, SplitPlanError
+from interactive_shard.ui import live
+
+__all__ = ["SplitsView", "report_figures"]
+
+LATEST = -1  # compile selector value that follows the newest compile
+CAP_LOG2 = (-6.0, 7.0)  # what-if cap slider: 1/64 .. 128 MiB, log2 scale
+FIRST_LOG2 = (-10.0, 7.0)  # what-if first-bucket slider: 1 KiB .. 128 MiB
+CAP_STEP = 0.25  # in log2: four positions per doubling
+DEFAULT_CAP_MB = 25.0  # DDP's default, before any compile arrived
+PRE = "<pre style='max-height:420px;overflow:auto;font-size:11px;margin:0'>{}</pre>"
+
+
+class SplitsView(live.LazyWidget):
+    """Live view of a ``SplitsModel`` (``run.splits``); ``widget`` is built on first use.
+
+    State first, settable before any widget exists: ``rank``, the compile ``index``
+    (None follows the latest), the selected ``partition``, the what-if ``cap_mb`` /
+    ``first_cap_mb`` (None: the compile's own caps) and a plan to compare with
+    (``set_plan``). Once ``widget`` is built the controls hold that state: set
+    ``rank_selector.value``, ``compile_selector.value``, ``partition_selector.value``,
+    ``cap_slider.value`` or ``first_cap_slider.value``, click ``reset_button`` or a call
+    of the lanes figure, then read the figures and HTML panels.
+    """
+
+    def __init__(
+        self,
+        model: SplitsModel,
+        *,
+        rank: int | None = None,
+        index: int | None = None,
+        partition: int = 0,
+        cap_mb: float | None = None,
+        first_cap_mb: float | None = None,
+        plan: SplitPlan | GraphPlan | None = None,
+    ) -> None:
+        self.model = model
+        self.chosen_rank = rank
+        self.chosen_index = LATEST if index is None else index
+        self.partition = partition
+        self.cap_mb = cap_mb
+        self.first_cap_mb = first_cap_mb
+        self.user_plan = plan
+        self._widget: widgets.VBox | None = None
+        self._drawn: dict[str, Any] = {}
+        self._quiet = False  # set while the view itself moves a control
+
+    # -- state (no widgets) ----------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        if self.chosen_rank is not None:
+            return self.chosen_rank
+        ranks = self.model.ranks
+        return 0 if 0 in ranks or not ranks else ranks[0]
+
+    @property
+    def index(self) -> int | None:
+        """The position of the compile shown among the rank's compiles (None: none yet)."""
+        n = len(self.model.compilations(self.rank))
+        if n == 0:
+            return None
+        return n - 1 if self.chosen_index == LATEST else min(self.chosen_index, n - 1)
+
+    @property
+    def compilation(self) -> Compilation | None:
+        index = self.index
+        return None if index is None else self.model.compilations(self.rank)[index]
+
+    @property
+    def selected(self) -> Partition | None:
+        """The partition whose code and parameters are shown."""
+        comp = self.compilation
+        if comp is None or not comp.partitions:
+            return None
+        return comp.partitions[min(max(self.partition, 0), len(comp.partitions) - 1)]
+
+    @property
+    def what_if(self) -> dict[str, float]:
+        caps = {"bucket_cap_mb": self.cap_mb, "first_bucket_cap_mb": self.first_cap_mb}
+        return {k: v for k, v in caps.items() if v is not None}
+
+    def set_plan(self, plan: SplitPlan | GraphPlan | None) -> None:
+        """Compare the captured partitions with ``plan`` (``ish.plan_splits(...)``; None:
+        the planner run on each captured graph at its own caps)."""
+        self.user_plan = plan
+        self.refresh()
+
+    def select_partition(self, partition: int) -> None:
+        self.partition = partition
+        if self._widget is not None:
+            self._quiet = True
+            try:
+                self.partition_selector.value = self._selected_index()
+            finally:
+                self._quiet = False
+        self.refresh()
+
+    def differences(self) -> list[str]:
+        """Planned (``set_plan``'s plan, or the planner's) vs the captured compile shown."""
+        comp = self.compilation
+        if comp is None:
+            return []
+        try:
+            planned = plan_for(self.model, self.rank, self._position(), plan=self.user_plan)
+        except (SplitPlanError, LookupError) as err:
+            return [f"cannot compare: {err}"]
+        return compare_graph(f"rank {self.rank}, compile {comp.index}", planned, comp)
+
+    def what_if_text(self) -> str:
+        """The what-if plan in words (HTML): how many partitions, their bytes; or why not."""
+        comp = self.compilation
+        if comp is None:
+            return ""
+        try:
+            plan = plan_for(self.model, self.rank, self._position(), **self._caps())
+        except (SplitPlanError, LookupError) as err:
+            return f"<span style='color:{DIFF}'><b>cannot plan:</b> {html.escape(str(err))}</span>"
+        sizes = ", ".join(fmt_bytes(p.nbytes) for p in plan.partitions)
+        cap = f"cap {fmt_bytes(plan.bucket_bytes_cap)} (first {fmt_bytes(plan.first_bucket_bytes)})"
+        head = "<b>what if</b> " if self.what_if else "at the compile's own "
+        more, fewer = len(plan.partitions), len(comp.partitions)
+        trade = (
+            "more pieces: more all-reduce overlaps backward, more graph breaks"
+            if more > fewer
+            else "fewer pieces: fewer graph breaks, less overlap"
+            if more < fewer
+            else "as many pieces as captured"
+        )
+        return (
+            f"{head}{cap}: <b>{more} partition(s)</b> [{sizes}] · captured {fewer} at cap "
+            f"{fmt_bytes(comp.bucket_bytes_cap)} · {trade}"
+        )
+
+    def partition_text(self) -> str:
+        comp, p = self.compilation, self.selected
+        if comp is None or p is None:
+            return ""
+        fqns = ", ".join(f"<code>{html.escape(f)}</code>" for f in p.fqns) or "none"
+        regions = "; ".join(html.escape(r.describe()) for r in p.regions) or "none"
+        reason = comp.break_reasons[p.index] if p.index < len(comp.break_reasons) else ""
+        calls = " → ".join(html.escape(short_target(c)) for c in p.calls)
+        rows = [
+            f"<b>{html.escape(p.name)}</b> (partition {p.index} of {len(comp.partitions)}) · "
+            f"{fmt_bytes(p.nbytes)} in {len(p.fqns)} parameter(s) · compiled by "
+            f"<code>{html.escape(comp.backend)}</code> in {p.compile_s:.3g} s",
+            f"<b>parameters</b> (as DDPOptimizer counted them): {fqns}",
+            f"<b>inputs</b>: {html.escape(', '.join(p.inputs)) or 'none'} · <b>outputs</b>: "
+            f"{html.escape(', '.join(p.outputs)) or 'none'}",
+            f"<b>regions</b>: {regions}",
+            f"<b>calls</b>: {calls or 'none'}",
+        ]
+        if p.extended:
+            rows.append(f"{p.extended} node(s) added past the cap so the bucket has an output")
+        if reason:
+            rows.append(f"<b>compile reason</b>: {html.escape(reason)}")
+        return "<br>".join(rows)
+
+    def _caps(self) -> dict[str, Any]:
+        return {"bucket_cap_mb": self.cap_mb, "first_bucket_cap_mb": self.first_cap_mb}
+
+    def _position(self) -> int:
+        return self.index if self.index is not None else LATEST
+
+    def _selected_index(self) -> int:
+        p = self.selected
+        return p.index if p is not None else 0
+
+    def _status(self) -> str:
+        ranks = self.model.ranks
+        if not ranks:
+            return "<i>Waiting for <code>ish.watch(torch.compile(ddp))</code> on the ranks…</i>"
+        found = self.model.compilations(self.rank)
+        nothing = self.model.nothing(self.rank)
+        parts = [f"<b>rank {self.rank}</b>: {len(found)} compile(s)"]
+        comp = self.compilation
+        if comp is not None:
+            parts.append(
+                f"compile {comp.index}: {len(comp.partitions)} partition(s), backend "
+                f"<code>{html.escape(comp.backend)}</code>, compiled in {comp.compile_s:.3g} s"
+            )
+        if nothing and not found:
+            parts.append(
+                f"<span style='color:{DIFF}'>nothing compiled: {html.escape(nothing)}</span>"
+            )
+        if self.model.skipped:
+            parts.append(f"{self.model.skipped} malformed event(s) skipped")
+        return " · ".join(parts)
+
+    # -- widgets ---------------------------------------------------------------------------
+    def _build(self) -> None:
+        self.model.update()
+        self.rank_selector = widgets.Dropdown(
+            description="rank", options=self._rank_options(), value=self.rank
+        )
+        self.compile_selector = widgets.Dropdown(
+            description="compile", options=self._compile_options(), value=self.chosen_index
+        )
+        self.partition_selector = widgets.Dropdown(
+            description="partition",
+            options=self._partition_options(),
+            value=self._selected_index(),
+            layout={"width": "420px"},
+        )
+        cap, first = self._recorded()
+        self.cap_slider = _slider("what-if cap (MiB)", self.cap_mb or cap, CAP_LOG2, cap)
+        self.first_cap_slider = _slider(
+            "first bucket (MiB)", self.first_cap_mb or first, FIRST_LOG2, first
+        )
+        self.reset_button = widgets.Button(description="recorded caps", icon="undo")
+        self.status_html = widgets.HTML()
+        self.partition_html = widgets.HTML()
+        self.code_html = widgets.HTML()
+        self.differences_html = widgets.HTML()
+        self.what_if_html = widgets.HTML()
+        self.runtime_html = widgets.HTML()
+        self.lanes_figure = go.FigureWidget()
+        self.compare_figure = go.FigureWidget()
+        self.what_if_figure = go.FigureWidget()
+        self.sweep_figure = go.FigureWidget()
+        for control in (self.rank_selector, self.compile_selector, self.partition_selector):
+            control.observe(self._on_control, names="value")
+        self.cap_slider.observe(self._on_cap, names="value")
+        self.first_cap_slider.observe(self._on_cap, names="value")
+        self.reset_button.on_click(self._on_reset)
+        self.details = widgets.VBox(
+            [
+                self.partition_selector,
+                self.partition_html,
+                self.code_html,
+                _heading("Planned vs captured"),
+                self.compare_figure,
+                self.differences_html,
+                _heading("What if: another cap"),
+                widgets.HBox([self.cap_slider, self.first_cap_slider, self.reset_button]),
+                self.what_if_html,
+                self.what_if_figure,
+                self.sweep_figure,
+                _heading("Compile time (DDPOptimizer) vs run time (DDP's buckets)"),
+                self.runtime_html,
+            ]
+        )
+        self._widget = widgets.VBox(
+            [
+                self.status_html,
+                widgets.HBox([self.rank_selector, self.compile_selector]),
+                self.lanes_figure,
+                self.details,
+            ]
+        )
+        self.refresh()
+
+    def _rank_options(self) -> list[tuple[str, int]]:
+        return [(str(r), r) for r in sorted({*self.model.ranks, self.rank})]
+
+    def _compile_options(self) -> list[tuple[str, int]]:
+        options = [("latest", LATEST)]
+        for i, c in enumerate(self.model.compilations(self.rank)):
+            options.append((f"{c.index} · {len(c.partitions)} partition(s) · {c.backend}", i))
+        if self.chosen_index != LATEST and self.chosen_index >= len(options) - 1:
+            options.append((f"{self.chosen_index} (not yet)", self.chosen_index))
+        return options
+
+    def _partition_options(self) -> list[tuple[str, int]]:
+        comp = self.compilation
+        if comp is None or not comp.partitions:
+            return [("none", 0)]
+        return [
+            (f"{p.index}: {p.name} · {fmt_bytes(p.nbytes)} · {len(p.fqns)} params", p.index)
+            for p in comp.partitions
+        ]
+
+    def _recorded(self) -> tuple[float, float]:
+        comp = self.compilation
+        if comp is None:
+            return DEFAULT_CAP_MB, 1.0
+        return comp.bucket_bytes_cap / MIB, comp.first_bucket_bytes / MIB
+
+    def _on_control(self, _change: dict[str, Any]) -> None:
+        if self._quiet:
+            return
+        self.chosen_rank = self.rank_selector.value
+        self.chosen_index = self.compile_selector.value
+        self.partition = self.partition_selector.value
+        self.refresh()
+
+    def _on_cap(self, change: dict[str, Any]) -> None:
+        if self._quiet:
+            return
+        cap, first = self._recorded()
+        is_cap = change["owner"] is self.cap_slider
+        given = self.cap_mb if is_cap else self.first_cap_mb
+        shown = given if given is not None else (cap if is_cap else first)
+        new = float(change["new"])
+        # A browser snaps the value to the slider's grid and sends it back: a move within
+        # half a step is that snap, not the user's choice (it would turn the what-if on).
+        if abs(math.log2(new) - math.log2(shown)) < CAP_STEP / 2:
+            return
+        if is_cap:
+            self.cap_mb = new
+        else:
+            self.first_cap_mb = new
+        self.refresh()
+
+    def _on_reset(self, _button: widgets.Button | None = None) -> None:
+        self.cap_mb = self.first_cap_mb = None
+        self._place_sliders()
+        self.refresh()
+
+    def _on_lane_click(self, trace: Any, points: Any, _state: Any) -> None:
+        """A click on a call of the lanes figure selects its partition."""
+        if points.point_inds and trace.customdata is not None:
+            self.select_partition(int(trace.customdata[points.point_inds[0]]))
+
+    def _place_sliders(self) -> None:
+        """Sliders on the compile's caps (their grid through them), unless a what-if is set."""
+        cap, first = self._recorded()
+        self._quiet = True
+        try:
+            for slider, given, recorded, bounds in (
+                (self.cap_slider, self.cap_mb, cap, CAP_LOG2),
+                (self.first_cap_slider, self.first_cap_mb, first, FIRST_LOG2),
+            ):
+                low, high = _grid(recorded, bounds)
+                slider.min, slider.max = min(low, slider.min), max(high, slider.max)
+                slider.value = _clamp(given if given is not None else recorded, bounds)
+                slider.min, slider.max = low, high
+        finally:
+            self._quiet = False
+
+    def refresh(self) -> None:
+        """Bring controls and panels up to date (cheap when nothing changed)."""
+        if self._widget is None:
+            return
+        self.model.update()
+        self._sync_controls()
+        comp = self.compilation
+        data = (self.model.revision, self.rank, self.index)
+        if self._changed("data", data):
+            self.status_html.value = self._status()
+            self._place_sliders()
+        self.details.layout.display = "" if comp is not None else "none"
+        selected = self._selected_index()
+        if self._changed("lanes", (*data, selected)):
+            self._swap_lanes(
+                figure_lanes(self.model, self.rank, self._position(), selected=selected)
+            )
+            self.partition_html.value = self.partition_text()
+            p = self.selected
+            code = p.code if p is not None and p.code else "(no generated code captured)"
+            self.code_html.value = PRE.format(html.escape(code))
+        if comp is None:
+            return
+        if self._changed("compare", (*data, id(self.user_plan))):
+            fig = figure_compare(self.model, self.rank, self._position(), plan=self.user_plan)
+            _swap(self.compare_figure, fig)
+            self.differences_html.value = _differences_html(self.differences())
+        what_if = (*data, self.cap_mb, self.first_cap_mb)
+        if self._changed("what_if", what_if):
+            position = self._position()
+            _swap(
+                self.what_if_figure, figure_compare(self.model, self.rank, position, **self._caps())
+            )
+            self.what_if_html.value = self.what_if_text()
+            current = self.cap_mb if self.cap_mb is not None else None
+            _swap(
+                self.sweep_figure,
+                figure_cap_sweep(self.model, self.rank, position, current_mb=current),
+            )
+        runtime = "<br>".join(html.escape(line) for line in self.model.versus_runtime(self.rank))
+        if self.runtime_html.value != runtime:  # the bucket map fills in after the compile
+            self.runtime_html.value = runtime
+
+    def _changed(self, panel: str, key: tuple[Any, ...]) -> bool:
+        if self._drawn.get(panel) == key:
+            return False
+        self._drawn[panel] = key
+        return True
+
+    def _sync_controls(self) -> None:
+        """New ranks, compiles and partitions appear while the run goes on."""
+        self._quiet = True
+        try:
+            for selector, options, value in (
+                (self.rank_selector, self._rank_options(), self.rank),
+                (self.compile_selector, self._compile_options(), self.chosen_index),
+                (self.partition_selector, self._partition_options(), self._selected_index()),
+            ):
+                if options != list(selector.options):
+                    selector.options = options
+                if selector.value != value:
+                    selector.value = value
+        finally:
+            self._quiet = False
+
+    def _swap_lanes(self, fig: go.Figure) -> None:
+        _swap(self.lanes_figure, fig)
+        for trace in self.lanes_figure.data:  # new traces: the click goes to each again
+            if trace.customdata is not None:
+                trace.on_click(self._on_lane_click)
+
+
+def _differences_html(lines: list[str]) -> str:
+    if not lines:
+        return "<b>captured = planned</b>: every partition's parameters, bytes, calls and regions."
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return f"<b style='color:{DIFF}'>{len(lines)} difference(s)</b><ul>{items}</ul>"
+
+
+def _heading(text: str) -> widgets.HTML:
+    return widgets.HTML(f"<h4 style='margin:12px 0 4px 0'>{html.escape(text)}</h4>")
+
+
+def _slider(
+    description: str, value: float, bounds: tuple[float, float], recorded: float
+) -> widgets.FloatLogSlider:
+    low, high = _grid(recorded, bounds)
+    return widgets.FloatLogSlider(
+        value=_clamp(value, bounds),
+        base=2,
+        min=low,
+        max=high,
+        step=CAP_STEP,
+        readout_format=".3g",
+        description=description,
+        style={"description_width": "initial"},
+        layout={"width": "360px"},
+    )
+
+
+def _swap(target: go.FigureWidget, fig: go.Figure) -> None:
+    """Replace a FigureWidget's traces and layout with ``fig``'s, as one front-end update
+    (as ``buckets/view.py``: the layout merged without its template, which is costly)."""
+    layout = fig.layout.to_plotly_json()
+    layout.pop("template", None)
+    with target.batch_update():
+        target.data = ()
+        target.add_traces(list(fig.data))
+        target.update_layout(layout, overwrite=True)
+        target.layout.shapes = layout.get("shapes", ())
+        target.layout.annotations = layout.get("annotations", ())
+
+
+def _grid(recorded: float, bounds: tuple[float, float]) -> tuple[float, float]:
+    """Slider bounds (log2) whose grid passes through the recorded value, so that a
+    browser snapping the slider to its grid leaves the recorded value where it is."""
+    at = math.log2(_clamp(recorded, bounds))
+    low = at - math.ceil((at - bounds[0]) / CAP_STEP) * CAP_STEP
+    return low, low + math.ceil((bounds[1] - low) / CAP_STEP) * CAP_STEP
+
+
+def _clamp(mb: float, bounds: tuple[float, float]) -> float:
+    low, high = 2.0 ** bounds[0], 2.0 ** bounds[1]
+    return min(max(mb, low), high) if math.isfinite(mb) and mb > 0 else high

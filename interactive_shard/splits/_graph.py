@@ -44,7 +44,7 @@ def state_of(node: fx.Node, target: str) -> State | None:
         return State(
             call="enter_autocast",
             device_type=str(device),
-            dtype=str(dtype),
+            dtype=None if dtype is None else str(dtype),  # autocast(enabled=False) gives None
             enabled=bool(enabled) if enabled is not None else None,
         )
     if target == EXIT_AUTOCAST:
@@ -101,6 +101,12 @@ def _resolve(source: Any, local: str, root: nn.Module) -> Any:
     return obj  # a wrapper that names the same object (Unspecialized*Source, ...)
 
 
+def _first_names(root: nn.Module) -> dict[int, str]:
+    """id(parameter) -> its fqn; a shared parameter under its first name, as
+    ``named_parameters()`` and DDP (so the bucket map) name it."""
+    return {id(p): name for name, p in root.named_parameters()}
+
+
 def _self_name(root: nn.Module) -> str:
     code = type(root).forward.__code__
     return code.co_varnames[0] if code.co_argcount else "self"
@@ -113,7 +119,7 @@ def param_fqns(gm: fx.GraphModule, root: nn.Module) -> dict[str, str]:
     weight_``); each placeholder's ``_dynamo_source`` says where the value came from,
     evaluated here against the root module and checked by identity.
     """
-    by_id = {id(p): name for name, p in root.named_parameters(remove_duplicate=False)}
+    by_id = _first_names(root)
     local = _self_name(root)
     out: dict[str, str] = {}
     for node in gm.graph.find_nodes(op="placeholder"):
@@ -131,7 +137,9 @@ def param_fqns(gm: fx.GraphModule, root: nn.Module) -> dict[str, str]:
 
 # -- the graph as DDPOptimizer counts it ----------------------------------------------------
 def _counted(param: object) -> bool:
-    """DDPOptimizer counts trainable parameters that DDP does not ignore."""
+    """DDPOptimizer counts trainable parameters that DDP does not ignore. (Read off a
+    placeholder, ``param`` is dynamo's fake example value, which on 2.13 no longer has
+    DDP's ``_ddp_ignored``: such parameters are counted, by DDPOptimizer as here.)"""
     return (
         isinstance(param, nn.Parameter)
         and param.requires_grad
@@ -165,7 +173,7 @@ def _module_params(module: nn.Module, prefix: str, by_id: dict[int, str]) -> lis
 def graph_nodes(gm: fx.GraphModule, root: nn.Module) -> list[GraphNode]:
     """The graph's nodes (placeholders and output left out) with what DDPOptimizer counts."""
     fqns = param_fqns(gm, root)
-    by_id = {id(p): name for name, p in root.named_parameters(remove_duplicate=False)}
+    by_id = _first_names(root)
     module_key: dict[int, str] = {}  # a module object counts once, under its first path
     out = []
     for node in gm.graph.nodes:
@@ -183,7 +191,10 @@ def graph_nodes(gm: fx.GraphModule, root: nn.Module) -> list[GraphNode]:
             if sub is not None:
                 module = module_key.setdefault(id(sub), str(path))
                 module_params = _module_params(sub, str(node.target), by_id)
-            if node.op == "call_method":
+            if node.op == "call_method" and path is not None:
+                # DDPOptimizer counts a method's parameter arguments only when its self is
+                # a node with a string target (a placeholder, a method's result): not on
+                # ``(h + 1).mul(self.scale)``, whose self is a function's result.
                 arg_params = _arg_params(node, fqns)
         elif node.op == "get_attr":
             value = getattr(gm, str(node.target), None)

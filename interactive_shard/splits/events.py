@@ -34,7 +34,10 @@ class State(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
         Meta(description="`_enter_autocast`, `_exit_autocast` or `_set_grad_enabled`"),
     ]
     device_type: Annotated[str | None, Meta(description='enter_autocast: e.g. `"cpu"`')] = None
-    dtype: Annotated[str | None, Meta(description='enter_autocast: e.g. `"torch.bfloat16"`')] = None
+    dtype: Annotated[
+        str | None,
+        Meta(description='enter_autocast: e.g. `"torch.bfloat16"` (None: the device\'s default)'),
+    ] = None
     enabled: Annotated[
         bool | None, Meta(description="enter_autocast: autocast on; set_grad: grad mode on")
     ] = None
@@ -70,11 +73,15 @@ class Region(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     ]
     device_type: Annotated[str | None, Meta(description="autocast only")] = None
     dtype: Annotated[str | None, Meta(description="autocast only")] = None
-    enabled: Annotated[bool | None, Meta(description="grad: the grad mode it sets")] = None
+    enabled: Annotated[
+        bool | None,
+        Meta(description="autocast: on (False: a region that turns autocast off); grad: the mode"),
+    ] = None
 
     def describe(self) -> str:
         if self.kind == "autocast":
             what = f"autocast({self.device_type}, {self.dtype})"
+            what += " disabled" if self.enabled is False else ""
         else:
             what = f"grad enabled={self.enabled}"
         ends = [w for w, on in (("enters", self.enters), ("exits", self.exits)) if on]

@@ -14,9 +14,12 @@ checked against real runs in ``tests/integration/test_splits.py``):
 
 1. Walk the graph's nodes in *reverse* (placeholders and output skipped): the order
    gradients become ready. Each node counts the trainable parameters among its
-   positional arguments (``call_function`` / ``call_method``), of its submodule
-   (``call_module``, once per module) or itself (``get_attr``), by
-   ``untyped_storage().nbytes()``, duplicates included.
+   positional arguments (``call_function``; ``call_method`` only when its self is a node
+   with a string target: ``w.t()`` counts ``w``, ``(h + 1).mul(w)`` does not), of its
+   submodule (``call_module``, once per module) or itself (``get_attr``), by
+   ``untyped_storage().nbytes()``, duplicates included. (A placeholder's parameter is
+   dynamo's fake example value, which has lost DDP's ``_ddp_ignored`` marker on 2.13:
+   DDP-ignored parameters are counted too.)
 2. Before a node joins, if the open bucket holds ``>= cap`` bytes, or it is the first
    bucket (the *last* piece of forward) and holds ``>= first_bucket_cap`` (1 MiB by
    default, whatever DDP's own caps), a new bucket opens, but only if the open one
@@ -185,6 +188,7 @@ def regions_of(calls: Sequence[Call]) -> list[Region]:
                     exits=False,
                     device_type=s.device_type,
                     dtype=s.dtype,
+                    enabled=s.enabled,
                 )
             )
         elif s.call == "exit_autocast":

@@ -172,8 +172,9 @@ class SplitsModel(ShowsView):
         if self._buckets is None:  # built once: a live view asks at every refresh
             self._buckets = features.feature("buckets").build_model(self.store)
         buckets = self._buckets
-        latest = buckets.latest
-        runtime = buckets.observed(latest, rank) if latest is not None else []
+        # The latest iteration whose end-of-backward record arrived: all its buckets are in.
+        done = [i for i in reversed(buckets.iterations) if buckets.record(i, rank) is not None]
+        runtime = buckets.observed(done[0], rank) if done else []
         info = getattr(buckets, "info", None)
         return versus_runtime(comp, runtime, info)
 

@@ -1,0 +1,278 @@
+"""The features so far on CUDA, one line per case: ``PASS|FAIL|SKIP <case>: <details>``.
+
+    python benchmarks/gpu_check.py
+
+Cases (each on real ranks started by ``ish.Cluster``):
+
+* ``gloo-shared-gpu-buckets``: 2 ranks over gloo on CUDA tensors (with one GPU both
+  share it), DDP + ``ish.watch`` for a few steps: the bucket map's planned buckets equal
+  the observed ones on every rank in iteration 1 and after the rebuild, health clean;
+* ``gloo-shared-gpu-splits-inductor``: the same ranks, ``torch.compile(ddp,
+  backend="inductor")`` + ``ish.watch``: captured partitions equal
+  ``ish.plan_splits`` (planned in this process, on CPU), compiled outputs equal eager;
+* ``nccl-gpu-per-rank``: 2 ranks over NCCL, one GPU each (bucket map and splits with
+  aot_eager), where at least 2 GPUs are visible; else SKIP.
+
+Without CUDA every case is SKIP and the exit status is 0; it is 1 if any case FAILs.
+Written for torch 2.11 and 2.13 (the lent GPU machine runs 2.11): nothing newer than
+2.11 is used here. The ranks are spawned (see ``SETTINGS``); the script stays under 4
+minutes (each case has its deadline, ``DEADLINES_S``). ``--cpu`` runs the gloo
+cases on CPU, to try the script on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+# Seconds from the start by which each case must be done (else it FAILs with a timeout):
+# the whole script stays under 4 minutes, inductor's cold compile gets the most.
+DEADLINES_S = (60.0, 170.0, 220.0)
+MAX_DETAILS = 1000  # characters of a FAIL line's details
+STEPS = 4
+WIDTH, LAYERS, BATCH = 512, 4, 32
+BUCKET_CAP_MB = 1.0  # each Linear(512, 512) is 1 MiB: several buckets and partitions
+RTOL = ATOL = 1e-4  # compiled against eager outputs, fp32 (no TF32 either way)
+# spawn, not the default fork: torch.cuda.is_available() (which ish.Cluster calls too)
+# runs cuInit in this process, and a forked child cannot use CUDA after that ("poison
+# fork", torch's multiprocessing notes) while torch.cuda.is_initialized() stays False.
+SETTINGS: dict[str, Any] = {"start_method": "spawn", "timeout": 120, "echo": False}
+
+CASES = ("gloo-shared-gpu-buckets", "gloo-shared-gpu-splits-inductor", "nccl-gpu-per-rank")
+
+
+def _net() -> Any:
+    """A user module (``nn.Sequential`` would compile nothing), same weights every call."""
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS))
+            self.head = nn.Linear(WIDTH, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+            return self.head(x)
+
+    torch.manual_seed(0)
+    return Net()
+
+
+# -- rank code --------------------------------------------------------------------------------
+def _ddp(ctx: Any, model: Any) -> Any:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [ctx.device] if ctx.device.type == "cuda" else None
+    return DDP(model.to(ctx.device), device_ids=ids, bucket_cap_mb=BUCKET_CAP_MB)
+
+
+def _sync(ctx: Any) -> None:
+    import torch
+
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+
+
+def _input(ctx: Any) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(ctx.rank)
+    return torch.randn(BATCH, WIDTH, generator=g).to(ctx.device)
+
+
+def _train(ctx: Any) -> dict[str, Any]:
+    """DDP + ish.watch for a few SGD steps on this rank's device."""
+    import torch
+
+    import interactive_shard as ish
+
+    ddp = _ddp(ctx, _net())
+    watch = ish.watch(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x = _input(ctx)
+    for _ in range(STEPS):
+        ddp(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    _sync(ctx)
+    watch.detach()
+    return {"device": str(next(ddp.parameters()).device), "iterations": watch.iteration}
+
+
+def _compile(ctx: Any, backend: str) -> dict[str, Any]:
+    """torch.compile(DDP) + ish.watch: one forward against eager, one backward."""
+    import torch
+
+    import interactive_shard as ish
+
+    inductor = getattr(getattr(torch, "_inductor", None), "config", None)
+    if backend == "inductor" and inductor is not None and hasattr(inductor, "compile_threads"):
+        inductor.compile_threads = 1  # no worker pool in a forked rank; a few kernels only
+    torch._dynamo.reset()
+    eager = _net().to(ctx.device)
+    ddp = _ddp(ctx, _net())
+    compiled = torch.compile(ddp, backend=backend)
+    watch = ish.watch(compiled)
+    x = _input(ctx)
+    start = time.perf_counter()
+    out = compiled(x)
+    seconds = time.perf_counter() - start
+    with torch.no_grad():
+        ref = eager(x)
+    close = bool(torch.allclose(out, ref, rtol=RTOL, atol=ATOL))
+    diff = float((out.detach() - ref).abs().max())
+    out.square().mean().backward()
+    grads = all(p.grad is not None for p in ddp.parameters())
+    _sync(ctx)
+    watch.detach()
+    return {
+        "close": close,
+        "diff": diff,
+        "grads": grads,
+        "device": str(out.device),
+        "compile_s": seconds,
+    }
+
+
+# -- checks in this process ---------------------------------------------------------------------
+def _wait(run: Any, deadline: float) -> Any:
+    return run.wait(timeout=max(1.0, deadline - time.monotonic()))
+
+
+def check_buckets(cluster: Any, deadline: float) -> tuple[str, str]:
+    run = _wait(cluster.run(_train, wait=False), deadline)
+    bm = run.buckets
+    its = bm.iterations
+    if len(its) < 2:
+        return "FAIL", f"bucket map saw iterations {its}, expected {STEPS}"
+    wrong = []
+    for it in (its[0], its[-1]):
+        for rank in range(len(run.results)):
+            cmp = bm.compare(it, rank)
+            if not cmp.matches:
+                wrong.append(f"iteration {it}, rank {rank}: {'; '.join(cmp.differences)}")
+    health = bm.health
+    if wrong or health:
+        found = wrong + [f.message for f in health]
+        return "FAIL", " | ".join(found)
+    devices = ", ".join(r["device"] for r in run.results)
+    first, last = len(bm.observed(its[0])), len(bm.observed(its[-1]))
+    return "PASS", (
+        f"ranks on {devices}; {len(its)} iterations; planned == observed on every rank "
+        f"({first} bucket(s) in iteration {its[0]}, {last} after the rebuild); health clean"
+    )
+
+
+def check_splits(cluster: Any, backend: str, deadline: float) -> tuple[str, str]:
+    import torch
+
+    import interactive_shard as ish
+
+    run = _wait(cluster.run(_compile, backend, wait=False), deadline)
+    results = run.results
+    plan = ish.plan_splits(_net(), torch.randn(BATCH, WIDTH), bucket_cap_mb=BUCKET_CAP_MB)
+    cmp = run.splits.compare(plan)
+    problems = list(cmp.differences)
+    comps = [run.splits.compilations(r) for r in range(len(results))]
+    backends = sorted({c.backend for per_rank in comps for c in per_rank})
+    for rank, got in enumerate(results):
+        if not got["close"]:
+            problems.append(f"rank {rank}: output differs from eager by {got['diff']:.3g}")
+        if not got["grads"]:
+            problems.append(f"rank {rank}: a parameter has no gradient after backward")
+    if any(len(c) != 1 for c in comps):
+        problems.append(f"compiles per rank {[len(c) for c in comps]}, expected 1 each")
+    if backends != [backend]:
+        problems.append(f"captured backend(s) {backends}, expected {backend!r}")
+    if problems:
+        return "FAIL", " | ".join(problems)
+    parts = len(plan.partitions)
+    diff = max(r["diff"] for r in results)
+    compile_s = max(r["compile_s"] for r in results)
+    devices = ", ".join(r["device"] for r in results)
+    return "PASS", (
+        f"ranks on {devices}; {parts} partitions planned == captured on every rank "
+        f"(backend {backends[0]}); outputs equal eager (max |diff| {diff:.2g}); "
+        f"first forward with compile {compile_s:.1f} s"
+    )
+
+
+def _case(name: str, check: Any, *args: Any) -> str:
+    """Run one check and print its line; returns the status."""
+    try:
+        status, details = check(*args)
+    except Exception as err:  # a case that raises is a FAIL line, and the next case runs
+        status, details = "FAIL", _error(err)
+    print(f"{status} {name}: {details[:MAX_DETAILS]}", flush=True)
+    return status
+
+
+def _error(err: BaseException) -> str:
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:500]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run the gloo cases on CPU (tests this script on a machine without a GPU)",
+    )
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available() and not args.cpu:
+        why = f"CUDA is not available (torch {torch.__version__})"
+        for name in CASES:
+            print(f"SKIP {name}: {why}", flush=True)
+        return 0
+
+    import interactive_shard as ish
+
+    start = time.monotonic()
+    device = "cpu" if args.cpu else "cuda"
+    a, b, c = (start + s for s in DEADLINES_S)
+    statuses: dict[str, str] = {}
+    try:
+        with ish.Cluster(2, backend="gloo", device=device, **SETTINGS) as cluster:
+            statuses[CASES[0]] = _case(CASES[0], check_buckets, cluster, a)
+            statuses[CASES[1]] = _case(CASES[1], check_splits, cluster, "inductor", b)
+    except Exception as err:  # the cluster itself did not start (or stop)
+        for name in CASES[:2]:
+            if name not in statuses:
+                statuses[name] = "FAIL"
+                print(f"FAIL {name}: 2 ranks over gloo on {device}: {_error(err)}", flush=True)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < 2:
+        print(
+            f"SKIP {CASES[2]}: {gpus} CUDA device(s) visible; NCCL needs one GPU per rank (2)",
+            flush=True,
+        )
+    else:
+        try:
+            with ish.Cluster(2, backend="nccl", device="cuda", **SETTINGS) as nccl:
+                statuses[CASES[2]] = _case(CASES[2], _nccl, nccl, c)
+        except Exception as err:
+            if CASES[2] not in statuses:
+                statuses[CASES[2]] = "FAIL"
+                print(f"FAIL {CASES[2]}: 2 ranks over NCCL: {_error(err)}", flush=True)
+    return 1 if "FAIL" in statuses.values() else 0
+
+
+def _nccl(cluster: Any, deadline: float) -> tuple[str, str]:
+    half = time.monotonic() + (deadline - time.monotonic()) / 2
+    status, buckets = check_buckets(cluster, half)
+    if status != "PASS":
+        return status, f"bucket map: {buckets}"
+    status, splits = check_splits(cluster, "aot_eager", deadline)
+    return status, f"bucket map: {buckets}; splits: {splits}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

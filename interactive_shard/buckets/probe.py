@@ -58,6 +58,8 @@ Caveats:
   those) and ``Join`` with uneven inputs (it changes the divisor). The python reducer
   (compiled autograd) and DDP native mixed precision are not supported.
 * Backwards under ``no_sync`` (DDP does not reduce) are not counted as iterations.
+* ``torch.compile(ddp)``: the forward hooks go on the compiled wrapper (dynamo would
+  trace hooks on the inner DDP); forwards of the inner DDP called directly are not seen.
 
 Nested backward (reentrant checkpoint):
 
@@ -148,10 +150,13 @@ def attach(
     "full" or "off". Events: ``ddp_watch`` now, then ``bucket`` and ``ddp_iteration``
     every step.
     """
+    # A compiled model: its forward hooks go on the compiled wrapper, which runs eagerly;
+    # on the inner DDP dynamo would trace them (graph breaks, twice the frames converted).
+    outer: nn.Module = ddp_model
     ddp_model = _uncompiled(ddp_model)  # type: ignore[assignment]
     checks.check_watchable(ddp_model, checksum, comm_hook, state)
     checks.check_attachable(ddp_model, _probe_comm_hook)
-    return Probe(ddp_model, comm_hook, state, checksum)
+    return Probe(ddp_model, comm_hook, state, checksum, forward_of=outer)
 
 
 def _probe_comm_hook(probe, bucket):
@@ -175,6 +180,7 @@ class Probe:
         user_hook: Callable[..., Future[Any]] | None,
         user_state: object,
         checksum: Checksum,
+        forward_of: nn.Module | None = None,
     ) -> None:
         self.ddp = ddp
         self.checksum: Checksum = checksum
@@ -205,9 +211,10 @@ class Probe:
             p.register_post_accumulate_grad_hook(self._grad_hook(i))  # type: ignore[no-untyped-call, unused-ignore]
             for i, p in enumerate(self._params)
         ]
+        hooked = ddp if forward_of is None else forward_of
         self._forward_handles = [
-            ddp.register_forward_pre_hook(self._before_forward),
-            ddp.register_forward_hook(self._after_forward),
+            hooked.register_forward_pre_hook(self._before_forward),
+            hooked.register_forward_hook(self._after_forward),
         ]
         # A model watched in one cluster.run and trained in the next: describe it again
         # in every run it works in, so each run's bucket map can plan.

@@ -103,7 +103,7 @@ class Cluster(live.ShowsView):
             device,
             start_method,
             threads,
-            cuda_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            cuda_count=torch.cuda.device_count(),  # NVML where it can: no cuInit here
             cuda_initialized=torch.cuda.is_initialized(),
         )
         if self.placement.start_method == "fork":

@@ -65,7 +65,11 @@ def resolve(
     devices = tuple(f"cuda:{r % cuda_count}" if kind == "cuda" else "cpu" for r in range(nprocs))
 
     if start_method == "auto":
-        start_method = "fork" if platform.startswith("linux") and not cuda_initialized else "spawn"
+        # Ranks on GPUs are spawned: the CUDA driver does not survive a fork once anything
+        # in the kernel called cuInit (torch.cuda.is_available() does, without
+        # torch.cuda.is_initialized() saying so).
+        forkable = platform.startswith("linux") and not cuda_initialized and kind != "cuda"
+        start_method = "fork" if forkable else "spawn"
     elif start_method == "fork" and cuda_initialized:
         raise ValueError(
             "start_method='fork' is unsafe here: CUDA is already initialised in this kernel, "

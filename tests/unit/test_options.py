@@ -32,6 +32,9 @@ def test_ranks_sharing_one_gpu_use_gloo() -> None:
 
 def test_cuda_initialised_means_spawn() -> None:
     assert _resolve(cuda_count=1, cuda_initialized=True).start_method == "spawn"
+    # Ranks on GPUs are spawned even before CUDA is initialised here (cuInit breaks fork).
+    assert _resolve(device="cuda", cuda_count=1).start_method == "spawn"
+    assert _resolve(device="cpu", cuda_count=1).start_method == "fork"
     assert _resolve(platform="darwin").start_method == "spawn"
 
 

@@ -25,6 +25,7 @@ from interactive_shard.buckets.figures_timeline import (
 )
 from interactive_shard.buckets.model import BucketMap
 from interactive_shard.ui import live
+from interactive_shard.ui.controls import CAP_STEP, clamp_log2, log2_grid, swap_figure
 
 __all__ = [
     "BucketMapView",
@@ -35,8 +36,7 @@ __all__ = [
 ]
 
 LATEST = 0  # iteration selector value that follows the newest iteration
-CAP_LOG2_MIN, CAP_LOG2_MAX = -14, 9  # what-if slider: 64 B .. 512 MiB, in MiB on a log2 scale
-CAP_STEP = 0.25  # in log2: four positions per doubling
+CAP_LOG2 = (-14.0, 9.0)  # what-if slider: 64 B .. 512 MiB, in MiB on a log2 scale
 MAX_FINDINGS = 20  # listed in the widget; all are in BucketMap.health
 
 
@@ -143,7 +143,7 @@ class BucketMapView(live.LazyWidget):
     def _build(self) -> None:
         self.model.update()
         recorded = self._recorded_cap()
-        low, high = _grid(recorded)
+        low, high = log2_grid(recorded, CAP_LOG2)
         self.iteration_selector = widgets.Dropdown(
             description="iteration", options=self._iteration_options(), value=self.chosen_iteration
         )
@@ -151,7 +151,7 @@ class BucketMapView(live.LazyWidget):
             description="rank", options=self._rank_options(), value=self.rank
         )
         self.cap_slider = widgets.FloatLogSlider(
-            value=_clamp(self.cap_mb) if self.cap_mb is not None else recorded,
+            value=clamp_log2(self.cap_mb, CAP_LOG2) if self.cap_mb is not None else recorded,
             base=2,
             min=low,
             max=high,
@@ -194,7 +194,9 @@ class BucketMapView(live.LazyWidget):
         if self._quiet:
             return
         new = float(change["new"])
-        shown = _clamp(self.cap_mb) if self.cap_mb is not None else self._recorded_cap()
+        shown = (
+            clamp_log2(self.cap_mb, CAP_LOG2) if self.cap_mb is not None else self._recorded_cap()
+        )
         # A browser snaps the value to the slider's grid and sends it back: a move within
         # half a step is that snap, not the user's choice (it would turn the what-if on).
         if abs(math.log2(new) - math.log2(shown)) < CAP_STEP / 2:
@@ -204,7 +206,7 @@ class BucketMapView(live.LazyWidget):
 
     def _recorded_cap(self) -> float:
         info = self.model.info
-        return _clamp(info.cap_mb if info is not None else 25.0)
+        return clamp_log2(info.cap_mb if info is not None else 25.0, CAP_LOG2)
 
     def _on_reset(self, _button: widgets.Button | None = None) -> None:
         self.cap_mb = None
@@ -241,30 +243,18 @@ class BucketMapView(live.LazyWidget):
         self.status_html.value = self._status()
         self.health_html.value = self._health()
         if iteration is None:
-            _swap(self.map_figure, go.Figure(layout={"title": {"text": "No bucket data yet"}}))
+            swap_figure(
+                self.map_figure, go.Figure(layout={"title": {"text": "No bucket data yet"}})
+            )
             return
-        _swap(
+        swap_figure(
             self.map_figure,
             figure_bucket_map(self.model, iteration, self.rank, what_if=self.what_if),
         )
         if data_changed:  # the timeline does not depend on the what-if cap
-            _swap(self.timeline_figure, figure_bucket_timeline(self.model, iteration, self.rank))
-
-
-def _swap(target: go.FigureWidget, fig: go.Figure) -> None:
-    """Replace a FigureWidget's traces and layout with ``fig``'s, as one front-end update.
-
-    The layout is merged with ``overwrite=True`` minus its template: assigning a whole
-    layout re-validates plotly's default template, which cost more than the traces.
-    """
-    layout = fig.layout.to_plotly_json()
-    layout.pop("template", None)
-    with target.batch_update():
-        target.data = ()
-        target.add_traces(list(fig.data))
-        target.update_layout(layout, overwrite=True)
-        target.layout.shapes = layout.get("shapes", ())
-        target.layout.annotations = layout.get("annotations", ())
+            swap_figure(
+                self.timeline_figure, figure_bucket_timeline(self.model, iteration, self.rank)
+            )
 
 
 def _span(iterations: list[int]) -> str:
@@ -276,16 +266,3 @@ def _span(iterations: list[int]) -> str:
         else:
             runs.append([it])
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
-
-
-def _grid(recorded: float) -> tuple[float, float]:
-    """Slider bounds (log2) whose grid passes through the recorded cap, so that a browser
-    snapping the slider to its grid leaves the recorded value where it is."""
-    at = math.log2(recorded)
-    low = at - math.ceil((at - CAP_LOG2_MIN) / CAP_STEP) * CAP_STEP
-    return low, low + math.ceil((CAP_LOG2_MAX - low) / CAP_STEP) * CAP_STEP
-
-
-def _clamp(cap_mb: float) -> float:
-    low, high = 2.0**CAP_LOG2_MIN, 2.0**CAP_LOG2_MAX
-    return min(max(cap_mb, low), high) if math.isfinite(cap_mb) else high

@@ -30,13 +30,13 @@ from interactive_shard.splits.figures_lanes import DIFF, fmt_bytes, short_target
 from interactive_shard.splits.model import Compilation, SplitsModel
 from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, SplitPlanError
 from interactive_shard.ui import live
+from interactive_shard.ui.controls import CAP_STEP, clamp_log2, log2_grid, swap_figure
 
 __all__ = ["SplitsView", "report_figures"]
 
 LATEST = -1  # compile selector value that follows the newest compile
 CAP_LOG2 = (-6.0, 7.0)  # what-if cap slider: 1/64 .. 128 MiB, log2 scale
 FIRST_LOG2 = (-10.0, 7.0)  # what-if first-bucket slider: 1 KiB .. 128 MiB
-CAP_STEP = 0.25  # in log2: four positions per doubling
 DEFAULT_CAP_MB = 25.0  # DDP's default, before any compile arrived
 PRE = "<pre style='max-height:420px;overflow:auto;font-size:11px;margin:0'>{}</pre>"
 
@@ -350,9 +350,9 @@ class SplitsView(live.LazyWidget):
                 (self.cap_slider, self.cap_mb, cap, CAP_LOG2),
                 (self.first_cap_slider, self.first_cap_mb, first, FIRST_LOG2),
             ):
-                low, high = _grid(recorded, bounds)
+                low, high = log2_grid(recorded, bounds)
                 slider.min, slider.max = min(low, slider.min), max(high, slider.max)
-                slider.value = _clamp(given if given is not None else recorded, bounds)
+                slider.value = clamp_log2(given if given is not None else recorded, bounds)
                 slider.min, slider.max = low, high
         finally:
             self._quiet = False
@@ -382,17 +382,17 @@ class SplitsView(live.LazyWidget):
             return
         if self._changed("compare", (*data, id(self.user_plan))):
             fig = figure_compare(self.model, self.rank, self._position(), plan=self.user_plan)
-            _swap(self.compare_figure, fig)
+            swap_figure(self.compare_figure, fig)
             self.differences_html.value = _differences_html(self.differences())
         what_if = (*data, self.cap_mb, self.first_cap_mb)
         if self._changed("what_if", what_if):
             position = self._position()
-            _swap(
+            swap_figure(
                 self.what_if_figure, figure_compare(self.model, self.rank, position, **self._caps())
             )
             self.what_if_html.value = self.what_if_text()
             current = self.cap_mb if self.cap_mb is not None else None
-            _swap(
+            swap_figure(
                 self.sweep_figure,
                 figure_cap_sweep(self.model, self.rank, position, current_mb=current),
             )
@@ -423,7 +423,7 @@ class SplitsView(live.LazyWidget):
             self._quiet = False
 
     def _swap_lanes(self, fig: go.Figure) -> None:
-        _swap(self.lanes_figure, fig)
+        swap_figure(self.lanes_figure, fig)
         for trace in self.lanes_figure.data:  # new traces: the click goes to each again
             if trace.customdata is not None:
                 trace.on_click(self._on_lane_click)
@@ -443,9 +443,9 @@ def _heading(text: str) -> widgets.HTML:
 def _slider(
     description: str, value: float, bounds: tuple[float, float], recorded: float
 ) -> widgets.FloatLogSlider:
-    low, high = _grid(recorded, bounds)
+    low, high = log2_grid(recorded, bounds)
     return widgets.FloatLogSlider(
-        value=_clamp(value, bounds),
+        value=clamp_log2(value, bounds),
         base=2,
         min=low,
         max=high,
@@ -455,29 +455,3 @@ def _slider(
         style={"description_width": "initial"},
         layout={"width": "360px"},
     )
-
-
-def _swap(target: go.FigureWidget, fig: go.Figure) -> None:
-    """Replace a FigureWidget's traces and layout with ``fig``'s, as one front-end update
-    (as ``buckets/view.py``: the layout merged without its template, which is costly)."""
-    layout = fig.layout.to_plotly_json()
-    layout.pop("template", None)
-    with target.batch_update():
-        target.data = ()
-        target.add_traces(list(fig.data))
-        target.update_layout(layout, overwrite=True)
-        target.layout.shapes = layout.get("shapes", ())
-        target.layout.annotations = layout.get("annotations", ())
-
-
-def _grid(recorded: float, bounds: tuple[float, float]) -> tuple[float, float]:
-    """Slider bounds (log2) whose grid passes through the recorded value, so that a
-    browser snapping the slider to its grid leaves the recorded value where it is."""
-    at = math.log2(_clamp(recorded, bounds))
-    low = at - math.ceil((at - bounds[0]) / CAP_STEP) * CAP_STEP
-    return low, low + math.ceil((bounds[1] - low) / CAP_STEP) * CAP_STEP
-
-
-def _clamp(mb: float, bounds: tuple[float, float]) -> float:
-    low, high = 2.0 ** bounds[0], 2.0 ** bounds[1]
-    return min(max(mb, low), high) if math.isfinite(mb) and mb > 0 else high

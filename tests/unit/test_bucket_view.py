@@ -334,7 +334,7 @@ def test_refresh_follows_a_live_run_and_skips_needless_redraws(
     view.refresh()
     assert view.iteration == 3 and "iteration 3" in view.map_figure.layout.title.text
     swaps: list[go.FigureWidget] = []
-    monkeypatch.setattr("interactive_shard.buckets.view._swap", lambda w, f: swaps.append(w))
+    monkeypatch.setattr("interactive_shard.buckets.view.swap_figure", lambda w, f: swaps.append(w))
     view.refresh()
     assert swaps == []  # nothing new: no figure rebuilt
     view.cap_slider.value = 0.01

@@ -371,7 +371,7 @@ def test_refresh_follows_a_live_run_and_skips_needless_redraws(
     assert [v for _, v in view.compile_selector.options] == [-1, 0] and view.index == 0
     assert "compile 0" in view.lanes_figure.layout.title.text
     swaps: list[go.FigureWidget] = []
-    monkeypatch.setattr("interactive_shard.splits.view._swap", lambda w, f: swaps.append(w))
+    monkeypatch.setattr("interactive_shard.splits.view.swap_figure", lambda w, f: swaps.append(w))
     view.refresh()
     assert swaps == []  # nothing new: no figure rebuilt
     model.store.append(Event("log", 0, 0, 1.0, {"text": "not a split event"}))

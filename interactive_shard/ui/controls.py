@@ -1,0 +1,39 @@
+"""Plumbing the views share: redrawing a FigureWidget in one update, log-scale cap sliders."""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+
+CAP_STEP = 0.25  # what-if cap sliders, in log2: four positions per doubling
+
+
+def swap_figure(target: go.FigureWidget, fig: go.Figure) -> None:
+    """Replace a FigureWidget's traces and layout with ``fig``'s, as one front-end update.
+
+    The layout is merged with ``overwrite=True`` minus its template: assigning a whole
+    layout re-validates plotly's default template, which cost more than the traces.
+    """
+    layout = fig.layout.to_plotly_json()
+    layout.pop("template", None)
+    with target.batch_update():
+        target.data = ()
+        target.add_traces(list(fig.data))
+        target.update_layout(layout, overwrite=True)
+        target.layout.shapes = layout.get("shapes", ())
+        target.layout.annotations = layout.get("annotations", ())
+
+
+def clamp_log2(value: float, bounds: tuple[float, float]) -> float:
+    """``value`` inside ``2**bounds`` (the upper end for anything not a positive number)."""
+    low, high = 2.0 ** bounds[0], 2.0 ** bounds[1]
+    return min(max(value, low), high) if math.isfinite(value) and value > 0 else high
+
+
+def log2_grid(recorded: float, bounds: tuple[float, float]) -> tuple[float, float]:
+    """Slider bounds (log2) whose grid passes through the recorded value, so that a
+    browser snapping the slider to its grid leaves the recorded value where it is."""
+    at = math.log2(clamp_log2(recorded, bounds))
+    low = at - math.ceil((at - bounds[0]) / CAP_STEP) * CAP_STEP
+    return low, low + math.ceil((bounds[1] - low) / CAP_STEP) * CAP_STEP

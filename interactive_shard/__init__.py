@@ -22,6 +22,7 @@ from interactive_shard.cluster import (
     listen,
     load,
 )
+from interactive_shard.precision.plan import plan_precision
 from interactive_shard.splits.plan import plan_splits
 from interactive_shard.telemetry import RecordingError, RecordingWarning
 from interactive_shard.watching import watch
@@ -40,6 +41,7 @@ __all__ = [
     "listen",
     "load",
     "plan_buckets",
+    "plan_precision",
     "plan_splits",
     "watch",
 ]

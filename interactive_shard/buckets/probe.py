@@ -126,7 +126,12 @@ _task_id = torch._C._current_graph_task_id  # -1 outside backward
 
 
 def fits(obj: object) -> bool:
-    return isinstance(_uncompiled(obj), DistributedDataParallel)
+    # DDP native mixed precision has its own comm hook: the precision probe watches it.
+    model = _uncompiled(obj)
+    return (
+        isinstance(model, DistributedDataParallel)
+        and getattr(model, "mixed_precision", None) is None
+    )
 
 
 def _uncompiled(obj: object) -> object:

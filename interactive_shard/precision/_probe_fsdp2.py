@@ -1,0 +1,312 @@
+"""The precision probe of an FSDP2 root (``fully_shard``): Note [Precision probe], FSDP2."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+
+from interactive_shard.precision import _probe_common as common
+from interactive_shard.precision._policy import policy_of
+from interactive_shard.precision._probe_common import Recorder, floating, guarded
+from interactive_shard.precision.events import Unit
+
+log = logging.getLogger(__name__)
+
+try:  # the comm objects FSDPParamGroup calls (torch >= 2.8)
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+    HAS_COMMS = True
+except ImportError:  # pragma: no cover - older torch: no per-unit all-gathers
+    AllGather = ReduceScatter = object  # type: ignore[assignment, misc]
+    HAS_COMMS = False
+try:
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+    from torch.distributed.fsdp._fully_shard._fsdp_common import DDPMeshInfo
+except ImportError:  # pragma: no cover - older torch: HSDP's all-reduce not seen
+    _fsdp_collectives = DDPMeshInfo = None  # type: ignore[assignment, misc]
+
+# HSDP's all-reduce is a plain dist.all_reduce in _fsdp_collectives (no comm object).
+_HSDP_ALL_REDUCE = (
+    common.ModulePatch(
+        _fsdp_collectives, "dist", lambda real: common.DistProxy(real, ["all_reduce"])
+    )
+    if _fsdp_collectives is not None
+    else None
+)
+
+
+def is_root(obj: object) -> bool:
+    """An FSDP2 module that is not known to be inside another (``_is_root`` is None
+    until the first forward: the user passes the outermost ``fully_shard``'ed module)."""
+    if not isinstance(obj, FSDPModule) or not isinstance(obj, nn.Module):
+        return False
+    return obj._get_fsdp_state()._is_root is not False
+
+
+def module_type(module: nn.Module) -> str:
+    """``FSDPLinear`` -> ``"Linear"``: the user's class under FSDP2's dynamic subclass."""
+    for cls in type(module).__mro__:
+        if not issubclass(cls, FSDPModule):
+            return cls.__name__
+    return type(module).__name__  # pragma: no cover
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+class Fsdp2Recorder(Recorder):
+    wrapper = "fsdp2"
+
+    def __init__(self, root: nn.Module) -> None:
+        named = list(root.named_modules())
+        module_fqn = {id(m): fqn for fqn, m in named}
+        states: OrderedDict[int, tuple[str, Any, list[nn.Module]]] = OrderedDict()
+        for fqn, m in named:
+            if isinstance(m, FSDPModule):
+                state = m._get_fsdp_state()
+                states.setdefault(id(state), (fqn, state, []))[2].append(root.get_submodule(fqn))
+        self._states = list(states.values())
+        fqns = {fqn for fqn, _, _ in self._states}
+        units = [self._unit(fqn, state, module_fqn, fqns) for fqn, state, _ in self._states]
+        module_unit = common.innermost_units(root, fqns, lambda name: name)
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        super().__init__(root, units, module_fqn, module_unit, world)
+        self._output_before: dict[str, list[str]] = {}
+        try:
+            self._install(root)
+        except BaseException:
+            self.detach()
+            raise
+
+    @staticmethod
+    def _unit(fqn: str, state: Any, module_fqn: dict[int, str], fqns: set[str]) -> Unit:
+        params, dtypes, numel = [], [], 0
+        for group in state._fsdp_param_groups:
+            for fp in group.fsdp_params:
+                info = fp._module_info
+                params.append(_join(module_fqn.get(id(info.module), "?"), info.param_name))
+                dtypes.append(str(fp.sharded_param.dtype))  # sharded storage: the original
+                numel += fp._orig_size.numel()
+        first = state._modules[0]
+        return Unit(
+            fqn=fqn,
+            parent=common.parent_of(fqn, fqns),
+            module_type=module_type(first),
+            policy=policy_of(state._mp_policy),
+            params=params,
+            param_dtypes=dtypes,
+            numel=numel,
+        )
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _install(self, root: nn.Module) -> None:
+        undo = self._undo
+        # Before FSDP's own pre-forward (prepend): the root's cast belongs to the new iteration.
+        handle = root.register_forward_pre_hook(lambda m, a: self.begin_forward(), prepend=True)
+        undo.append(handle.remove)
+        hsdp = False
+        for fqn, state, modules in self._states:
+            self._wrap_cast(fqn, state)
+            for m in modules:
+                handles = [
+                    # Appended: after FSDP's pre-forward, the unsharded compute parameters.
+                    m.register_forward_pre_hook(guarded(self._params(fqn, state))),
+                    m.register_forward_hook(guarded(self._before_output(fqn)), prepend=True),
+                    m.register_forward_hook(
+                        guarded(self._after_output(fqn, m is root)), always_call=m is root
+                    ),
+                ]
+                undo += [h.remove for h in handles]
+            for group in state._fsdp_param_groups:
+                self._wrap_group(fqn, group)
+                hsdp |= DDPMeshInfo is not None and isinstance(group.mesh_info, DDPMeshInfo)
+        if hsdp and _HSDP_ALL_REDUCE is not None:
+            undo.append(_HSDP_ALL_REDUCE.acquire())
+
+    def _wrap_cast(self, fqn: str, state: Any) -> None:
+        """FSDP2 looks ``self._cast_forward_inputs`` up at call time: an instance attribute
+        sees the inputs before and after the unit's cast (Note, step 2)."""
+        had = state.__dict__.get("_cast_forward_inputs")
+        original = state._cast_forward_inputs
+        observe = guarded(self._observe_cast)
+
+        def cast(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            new_args, new_kwargs = original(args, kwargs)
+            observe(fqn, args, kwargs, new_args, new_kwargs)
+            return new_args, new_kwargs
+
+        state._cast_forward_inputs = cast
+
+        def restore() -> None:
+            if had is None:
+                state.__dict__.pop("_cast_forward_inputs", None)
+            else:
+                state._cast_forward_inputs = had
+
+        self._undo.append(restore)
+
+    def _observe_cast(
+        self, fqn: str, args: Any, kwargs: Any, new_args: Any, new_kwargs: Any
+    ) -> None:
+        if not common.in_backward():
+            self.inputs(fqn, floating((args, kwargs)), floating((new_args, new_kwargs)))
+
+    def _params(self, fqn: str, state: Any) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            if not common.in_backward():
+                self.seen(fqn, "param", _unsharded_dtypes(state._fsdp_param_groups))
+
+        return hook
+
+    def _before_output(self, fqn: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if not common.in_backward() and self.attached:
+                self._output_before[fqn] = [str(t.dtype) for t in floating(output)]
+
+        return hook
+
+    def _after_output(self, fqn: str, is_root: bool) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if is_root and output is None:
+                self.after_root_forward(module, output)
+                return
+            if common.in_backward() or not self.attached:
+                return
+            after = [str(t.dtype) for t in floating(output)]
+            before = self._output_before.pop(fqn, None)
+            if before is None or len(before) != len(after):
+                before = after
+            pairs = list(OrderedDict.fromkeys(zip(before, after, strict=True)))
+            self.seen(fqn, "output", [a for _, a in pairs], [b for b, _ in pairs])
+
+        return hook
+
+    def _wrap_group(self, fqn: str, group: Any) -> None:
+        undo = self._undo
+        pre_backward, post_backward = group.pre_backward, group.post_backward
+        note_param = guarded(lambda: self.seen(fqn, "param", _unsharded_dtypes([group])))
+        note_grad = guarded(lambda: self.seen(fqn, "grad", _unsharded_grad_dtypes(group)))
+
+        def pre(*args: Any, **kwargs: Any) -> Any:
+            out = pre_backward(*args, **kwargs)
+            note_param()
+            return out
+
+        scoped_post = common.in_scope(self, fqn, post_backward)
+
+        def post(*args: Any, **kwargs: Any) -> Any:
+            note_grad()
+            return scoped_post(*args, **kwargs)
+
+        group.pre_backward, group.post_backward = pre, post
+
+        def restore_methods() -> None:
+            group.__dict__.pop("pre_backward", None)
+            group.__dict__.pop("post_backward", None)
+
+        undo.append(restore_methods)
+        if not HAS_COMMS or not hasattr(group, "_all_gather_comm"):
+            return
+        group._all_gather_comm = _SpyAllGather(group._all_gather_comm, self, fqn)
+        group._reduce_scatter_comm = _SpyReduceScatter(group._reduce_scatter_comm, self, fqn)
+
+        def restore_comms() -> None:
+            for name in ("_all_gather_comm", "_reduce_scatter_comm"):
+                comm = getattr(group, name)
+                if isinstance(comm, (_SpyAllGather, _SpyReduceScatter)):
+                    setattr(group, name, comm.inner)
+
+        undo.append(restore_comms)
+
+    def unit_params(self) -> dict[int, str]:
+        return {
+            id(fp.sharded_param): fqn
+            for fqn, state, _ in self._states
+            for group in state._fsdp_param_groups
+            for fp in group.fsdp_params
+        }
+
+
+def _unsharded_dtypes(groups: list[Any]) -> list[str]:
+    found = []
+    for group in groups:
+        for fp in group.fsdp_params:
+            param = getattr(fp, "_unsharded_param", None)
+            if param is not None:
+                found.append(param.dtype)
+    return common.distinct(found)
+
+
+def _unsharded_grad_dtypes(group: Any) -> list[str]:
+    found = []
+    for fp in group.fsdp_params:
+        param = getattr(fp, "_unsharded_param", None)
+        if param is not None and param.grad is not None:
+            found.append(param.grad.dtype)
+    return common.distinct(found)
+
+
+class _SpyAllGather(AllGather):
+    """Delegates to the unit's all-gather comm and notes what this rank sends."""
+
+    def __init__(self, inner: Any, recorder: Recorder, unit: str) -> None:
+        self.inner, self._recorder, self._unit = inner, recorder, unit
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        async_op: bool = False,
+    ) -> Any:
+        _note(self._recorder, self._unit, "all_gather", input_tensor)
+        return self.inner(
+            output_tensor=output_tensor,
+            input_tensor=input_tensor,
+            group=group,
+            async_op=async_op,
+        )
+
+
+class _SpyReduceScatter(ReduceScatter):
+    """Delegates to the unit's reduce-scatter comm and notes what this rank sends."""
+
+    def __init__(self, inner: Any, recorder: Recorder, unit: str) -> None:
+        self.inner, self._recorder, self._unit = inner, recorder, unit
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        op: Any,
+        async_op: bool = False,
+    ) -> Any:
+        _note(self._recorder, self._unit, "reduce_scatter", input_tensor)
+        return self.inner(
+            output_tensor=output_tensor,
+            input_tensor=input_tensor,
+            group=group,
+            op=op,
+            async_op=async_op,
+        )
+
+
+def _note(recorder: Recorder, unit: str, op: str, sent: torch.Tensor) -> None:
+    try:
+        recorder.collective(unit, op, sent)
+    except Exception:  # pragma: no cover
+        log.exception("precision probe: recording a collective failed")

@@ -1,0 +1,325 @@
+"""Pure plotly figures of a ``PrecisionModel``: the same figures serve the view, the report
+and the tests.
+
+``figure_grid``: the unit tree (rows, root first) × the phases (columns), a dtype chip
+per cell, coloured by dtype (one legend for every figure: ``DTYPE_COLORS``); an input
+the unit cast reads ``fp32→bf16``, an output ``output_dtype`` changed ``fp16→fp32``.
+Given a plan, the planned grid stands on the left and the observed one on the right,
+every cell where they differ outlined in red on both; a unit that failed gets a red ✖
+in the ``failure`` column. ``figures_bytes.py`` has the bytes, collectives and findings;
+``report_figures`` is the report's section.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from interactive_shard.precision.analysis import describe_policy
+from interactive_shard.precision.compare import Plan, differing_phases, dtypes_of, short
+from interactive_shard.precision.events import PHASES, Unit
+from interactive_shard.precision.model import PrecisionModel
+
+__all__ = [
+    "DIFF",
+    "DTYPE_COLORS",
+    "dtype_class",
+    "figure_grid",
+    "planned_dtypes",
+    "report_figures",
+    "unit_label",
+]
+
+DIFF = "#FF0000"  # pure red, as the other features' differences (not a dtype colour)
+SELECTED = "#000000"
+# One colour per kind of dtype, in every figure (Okabe-Ito, as ui.colors).
+DTYPE_COLORS = {
+    "fp32": "#0072B2",
+    "bf16": "#E69F00",
+    "fp16": "#009E73",
+    "fp64": "#56B4E9",
+    "other": "#CC79A7",
+    "several": "#999999",
+}
+_CLASSES = tuple(DTYPE_COLORS)
+_ALWAYS = ("fp32", "bf16", "fp16")  # in the legend even when absent: the same legend everywhere
+FAILURE = "failure"
+ROW_PX, TOP_PX, MIN_HEIGHT = 34, 120, 260
+
+
+def dtype_class(dtype: str | None) -> str | None:
+    """The colour key of a cell: ``fp32`` / ``bf16`` / ``fp16`` / ``fp64``, ``other``, or
+    ``several`` (a phase that saw more than one dtype); None for an empty cell."""
+    found = dtypes_of(dtype)
+    if not found:
+        return None
+    if len(found) > 1:
+        return "several"
+    name = short(found[0])
+    return name if name in DTYPE_COLORS else "other"
+
+
+def unit_label(unit: Unit, depth: int) -> str:
+    """A row label: indented by depth, the fqn (``root``) and the module's class."""
+    indent = "\u00a0\u00a0\u00a0" * depth + ("└ " if depth else "")
+    return f"{indent}{unit.fqn or 'root'} · {unit.module_type}"
+
+
+def planned_dtypes(plan: Plan | None) -> dict[str, Mapping[str, str]]:
+    """fqn -> phase -> planned dtype, from a ``PrecisionPlan`` (empty without one)."""
+    return {} if plan is None else {u.fqn: u.dtypes for u in plan.units}
+
+
+def _colorscale() -> list[list[Any]]:
+    n = len(_CLASSES)
+    scale: list[list[Any]] = []
+    for i, key in enumerate(_CLASSES):
+        scale += [[i / n, DTYPE_COLORS[key]], [(i + 1) / n, DTYPE_COLORS[key]]]
+    return scale
+
+
+def _cell_text(phase: str, dtype: str, before: Sequence[str], cast: Sequence[bool]) -> str:
+    """What a chip reads: its dtype, with what it was before a cast the unit did."""
+    changed = [b for b, c in zip(before, cast, strict=False) if c] if phase == "input" else []
+    if phase == "output" and before and dtypes_of(dtype) != list(dict.fromkeys(before)):
+        changed = list(before)
+    if changed:
+        return f"{short(', '.join(dict.fromkeys(changed)))}→{short(dtype)}"
+    return short(dtype)
+
+
+def _heatmap(
+    rows: list[tuple[Unit, str]],
+    cells: Mapping[str, Mapping[str, str]],
+    texts: Mapping[str, Mapping[str, str]],
+    hovers: Mapping[str, Mapping[str, str]],
+    name: str,
+    font_size: int = 11,
+) -> go.Heatmap:
+    index = {k: i for i, k in enumerate(_CLASSES)}
+    z, text, hover = [], [], []
+    for unit, _ in rows:
+        mine = cells.get(unit.fqn, {})
+        z.append([index.get(dtype_class(mine.get(p)) or "", None) for p in PHASES])
+        text.append([texts.get(unit.fqn, {}).get(p, "") for p in PHASES])
+        hover.append([hovers.get(unit.fqn, {}).get(p, "") for p in PHASES])
+    return go.Heatmap(
+        name=name,
+        x=list(PHASES),
+        y=[label for _, label in rows],
+        z=z,
+        text=text,
+        texttemplate="%{text}",
+        textfont={"size": font_size, "color": "white"},
+        hovertext=hover,
+        hoverinfo="text",
+        colorscale=_colorscale(),
+        zmin=-0.5,
+        zmax=len(_CLASSES) - 0.5,
+        showscale=False,
+        xgap=4,
+        ygap=4,
+    )
+
+
+def figure_grid(
+    model: PrecisionModel,
+    *,
+    rank: int = 0,
+    iteration: int | None = None,
+    plan: Plan | None = None,
+    selected: str | None = None,
+) -> go.Figure:
+    """The unit tree × phases of ``rank`` at ``iteration`` (None: its latest); with a
+    plan, planned (left) next to observed (right), differing cells outlined red."""
+    units = model.units(rank)
+    it = iteration if iteration is not None else model.latest(rank) or 1
+    if not units:
+        return go.Figure(layout={"title": {"text": "No mixed-precision data yet"}, "height": 200})
+    rows = [(u, unit_label(u, model.depth(u.fqn, rank=rank))) for u in units]
+    label_of = {u.fqn: label for u, label in rows}
+    observed = {u.fqn: model.observed(u.fqn, rank=rank, iteration=it) for u in units}
+    planned = planned_dtypes(plan)
+    texts: dict[str, dict[str, str]] = {}
+    hovers: dict[str, dict[str, str]] = {}
+    for u, label in rows:
+        records: dict[str, Any] = {s.phase: s for s in model.seen(u.fqn, rank=rank, iteration=it)}
+        inputs = model.inputs(u.fqn, rank=rank, iteration=it)
+        for phase, dtype in observed[u.fqn].items():
+            s = records.get(phase)
+            before = [b for b, _, _ in inputs] if phase == "input" else (s.before if s else [])
+            cast = [c for _, _, c in inputs]
+            texts.setdefault(u.fqn, {})[phase] = _cell_text(phase, dtype, before, cast)
+        for phase in PHASES:
+            seen, want = observed[u.fqn].get(phase), planned.get(u.fqn, {}).get(phase)
+            lines = [f"<b>{html.escape(label.strip())}</b> · {phase}"]
+            lines.append(f"observed: {short(seen) or '—'}")
+            if plan is not None:
+                lines.append(f"planned: {short(want) or '—'}")
+            if phase == "input" and inputs:
+                lines += [
+                    f"input {i}: {short(b)} → {short(a)} ({'cast' if c else 'passed through'})"
+                    for i, (b, a, c) in enumerate(inputs)
+                ]
+            lines.append(html.escape(describe_policy(u.policy)))
+            hovers.setdefault(u.fqn, {})[phase] = "<br>".join(lines)
+    failures = [f for f in model.failures if f.rank == rank and f.iteration == it]
+    sides = 2 if plan is not None else 1
+    fig = make_subplots(
+        rows=1,
+        cols=sides,
+        shared_yaxes=True,
+        horizontal_spacing=0.03,
+        subplot_titles=("planned", "observed") if plan is not None else None,
+    )
+    col = sides  # the observed grid: the right one
+    if plan is not None:
+        planned_texts = {f: {p: short(d) for p, d in ds.items()} for f, ds in planned.items()}
+        planned_cells = {f: {p: str(d) for p, d in ds.items()} for f, ds in planned.items()}
+        fig.add_trace(_heatmap(rows, planned_cells, planned_texts, hovers, "planned", 10), 1, 1)
+    size = 10 if plan is not None else 11
+    fig.add_trace(_heatmap(rows, observed, texts, hovers, "observed", size), 1, col)
+    differ = [
+        (u.fqn, p)
+        for u in units
+        if u.fqn in planned
+        for p in differing_phases(planned[u.fqn], observed[u.fqn])
+    ]
+    for c in range(1, sides + 1):
+        fig.add_trace(
+            go.Scatter(
+                name="planned ≠ observed",
+                legendgroup="diff",
+                showlegend=c == 1,
+                x=[p for _, p in differ],
+                y=[label_of[f] for f, _ in differ],
+                mode="markers",
+                marker={"symbol": "square-open", "size": 34, "color": DIFF, "line": {"width": 4}},
+                hovertext=[
+                    f"{html.escape(f or 'root')} · {p}: planned {short(planned[f][p])}, "
+                    f"observed {short(observed[f][p])}"
+                    for f, p in differ
+                ],
+                hoverinfo="text",
+                visible=True if differ else "legendonly",
+            ),
+            1,
+            c,
+        )
+    x_order = [*PHASES, FAILURE] if failures else list(PHASES)
+    if failures:
+        fig.add_trace(
+            go.Scatter(
+                name="failure (✖ at its unit)",
+                x=[FAILURE] * len(failures),
+                y=[label_of.get(f.unit, f.unit) for f in failures],
+                mode="markers+text",
+                text=[f"in {f.consumer}" for f in failures],
+                textposition="middle right",
+                marker={"symbol": "x", "size": 18, "color": DIFF},
+                hovertext=[
+                    f"<b>failed</b> in <code>{html.escape(f.consumer)}</code>:<br>"
+                    f"{html.escape(f.message)}"
+                    for f in failures
+                ],
+                hoverinfo="text",
+            ),
+            1,
+            col,
+        )
+    present = {
+        dtype_class(d) for ds in (*observed.values(), *planned.values()) for d in ds.values()
+    }
+    for key in _CLASSES:
+        if key in _ALWAYS or key in present:
+            fig.add_trace(
+                go.Scatter(
+                    name=key,
+                    legendgroup="dtype",
+                    legendgrouptitle={"text": "dtype"},
+                    x=[None],
+                    y=[None],
+                    mode="markers",
+                    marker={"symbol": "square", "size": 14, "color": DTYPE_COLORS[key]},
+                    hoverinfo="skip",
+                ),
+                1,
+                col,
+            )
+    for c in range(1, sides + 1):
+        fig.update_xaxes(
+            categoryorder="array",
+            categoryarray=x_order,
+            tickvals=x_order,
+            ticktext=[x.replace("_", "<br>") for x in x_order],
+            tickangle=0,
+            side="top",
+            row=1,
+            col=c,
+        )
+    fig.update_yaxes(
+        categoryorder="array",
+        categoryarray=[label for _, label in rows],
+        autorange="reversed",
+    )
+    if selected is not None and selected in label_of:
+        fig.add_shape(
+            type="rect",
+            xref="x domain" if sides == 1 else "x2 domain",
+            yref="y",
+            x0=0,
+            x1=1,
+            y0=rows.index(next(r for r in rows if r[0].fqn == selected)) - 0.5,
+            y1=rows.index(next(r for r in rows if r[0].fqn == selected)) + 0.5,
+            line={"color": SELECTED, "width": 2},
+        )
+    title = (
+        f"Dtypes per unit and phase · rank {rank}, iteration {it} · {model.wrapper(rank)}"
+        + (f" · <span style='color:{DIFF}'>{len(differ)} difference(s)</span>" if differ else "")
+        + (f" · <span style='color:{DIFF}'>failed</span>" if failures else "")
+    )
+    fig.update_layout(
+        title={"text": title, "y": 0.98, "yanchor": "top"},
+        height=max(MIN_HEIGHT, TOP_PX + ROW_PX * len(rows)),
+        margin={"t": TOP_PX - 20, "l": 10, "r": 10, "b": 20},
+        plot_bgcolor="white",
+        legend={"orientation": "v", "x": 1.02, "y": 1},
+        clickmode="event",
+    )
+    if plan is not None:  # subplot titles sit above the phases on top
+        for a in fig.layout.annotations:
+            a.update(y=1.0, yanchor="bottom", yshift=34)
+    return fig
+
+
+def report_figures(model: PrecisionModel) -> list[go.Figure]:
+    """The report's section: rank 0's latest iteration (and the first, when it differs)
+    as the grid (planned vs observed when ``model.plan`` is set), the bytes held, the
+    collectives, and the findings with their fixes."""
+    from interactive_shard.precision.figures_bytes import (
+        figure_bytes,
+        figure_collectives,
+        figure_findings,
+    )
+
+    model.update()
+    ranks = model.ranks
+    if not ranks:
+        return []
+    rank = 0 if 0 in ranks else ranks[0]
+    latest = model.latest(rank) or 1
+    figures = [
+        figure_grid(model, rank=rank, iteration=it, plan=model.plan)
+        for it in dict.fromkeys([1, latest])
+    ]
+    figures += [
+        figure_bytes(model, rank=rank, iteration=latest),
+        figure_collectives(model, rank=rank, iteration=latest),
+    ]
+    if model.findings or (model.plan is not None and model.plan.failures):
+        figures.append(figure_findings(model, plan=model.plan))
+    return figures

@@ -1,0 +1,213 @@
+"""Pure plotly figures of a ``PrecisionModel``'s bytes and conclusions (with ``figures.py``).
+
+``figure_bytes``: bytes each unit holds per dtype, stacked (sharded parameters plain,
+unsharded compute parameters hatched, gradients dotted; colour = dtype, as the grid),
+and the total over every unit. ``figure_collectives``: each unit's all-gathers (forward,
+backward) and reductions, bytes this rank sent, coloured by dtype. ``figure_findings``:
+observed failures and findings with their fixes, and a plan's predicted failures, as a
+table.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from interactive_shard.precision.analysis import CATEGORIES, category_label
+from interactive_shard.precision.compare import Plan, short
+from interactive_shard.precision.figures import DIFF, DTYPE_COLORS, dtype_class, unit_label
+from interactive_shard.precision.model import PrecisionModel
+
+__all__ = ["figure_bytes", "figure_collectives", "figure_findings", "fix_text", "fmt_bytes"]
+
+PATTERNS = {"sharded_param": "", "param": "/", "sharded_grad": "."}
+LEVEL_COLORS = {"error": DIFF, "warning": "#E69F00", "note": "#0072B2", "planned": "#CC79A7"}
+OPS = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR"}
+UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+
+
+def fmt_bytes(n: float) -> str:
+    scale, name = next((s, u) for s, u in UNITS if max(n, 1) >= s)
+    return f"{n / scale:.3g} {name}" if scale > 1 else f"{int(n)} B"
+
+
+def _color(dtype: str) -> str:
+    return DTYPE_COLORS[dtype_class(dtype) or "other"]
+
+
+def _labels(model: PrecisionModel, rank: int) -> dict[str, str]:
+    return {u.fqn: unit_label(u, model.depth(u.fqn, rank=rank)) for u in model.units(rank)}
+
+
+def figure_bytes(
+    model: PrecisionModel, *, rank: int = 0, iteration: int | None = None
+) -> go.Figure:
+    """Bytes held per unit and in total on ``rank``, stacked by category and dtype."""
+    held = model.bytes_held(rank=rank, iteration=iteration)
+    it = iteration if iteration is not None else model.latest(rank) or 1
+    if not held:
+        return go.Figure(layout={"title": {"text": "No parameters reported yet"}, "height": 200})
+    wrapper = model.wrapper(rank)
+    labels = _labels(model, rank)
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.8, 0.2],
+        horizontal_spacing=0.08,
+        subplot_titles=("per unit", "all units"),
+    )
+    total = model.total_bytes(rank=rank, iteration=iteration)
+    keys = list(dict.fromkeys((h.category, h.dtype) for h in held))
+    keys.sort(key=lambda k: CATEGORIES.index(k[0]))
+    for category, dtype in keys:
+        mine = [h for h in held if (h.category, h.dtype) == (category, dtype)]
+        name = f"{category_label(category, wrapper)} · {short(dtype)}"
+        marker = {"color": _color(dtype), "pattern": {"shape": PATTERNS[category]}}
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                legendgroup=name,
+                x=[labels.get(h.unit, h.unit) for h in mine],
+                y=[h.nbytes for h in mine],
+                marker=marker,
+                hovertext=[
+                    f"{html.escape(h.unit or 'root')}: {name}<br>{fmt_bytes(h.nbytes)}"
+                    for h in mine
+                ],
+                hoverinfo="text",
+            ),
+            1,
+            1,
+        )
+        n = total[(category, dtype)]
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                legendgroup=name,
+                showlegend=False,
+                x=["total"],
+                y=[n],
+                marker=marker,
+                hovertext=[f"all units: {name}<br>{fmt_bytes(n)}"],
+                hoverinfo="text",
+            ),
+            1,
+            2,
+        )
+    grand = sum(total.values())
+    shard = "replicated (DDP)" if wrapper == "ddp" else f"sharded over {model.world_size} ranks"
+    fig.update_layout(
+        barmode="stack",
+        title={
+            "text": f"Bytes held per dtype · rank {rank}, iteration {it} · {fmt_bytes(grand)} in "
+            f"all · parameters {shard}"
+        },
+        yaxis={"title": {"text": "bytes"}},
+        height=420,
+        legend={"orientation": "h", "y": -0.25},
+        margin={"t": 80, "b": 40},
+    )
+    return fig
+
+
+def figure_collectives(
+    model: PrecisionModel, *, rank: int = 0, iteration: int | None = None
+) -> go.Figure:
+    """Each unit's collectives of ``iteration`` on ``rank``: bytes sent, by op and dtype."""
+    it = iteration if iteration is not None else model.latest(rank) or 1
+    found = model.collectives(rank=rank, iteration=it)
+    if not found:
+        return go.Figure(layout={"title": {"text": "No collectives reported yet"}, "height": 200})
+    labels = _labels(model, rank)
+    order = list(labels)
+    found = sorted(found, key=lambda c: order.index(c.unit) if c.unit in order else len(order))
+
+    def op_of(c: Any) -> str:
+        if c.op != "all_gather":
+            return OPS[c.op]
+        return f"AG {'bwd' if c.backward else 'fwd'}"
+
+    fig = go.Figure()
+    for dtype in dict.fromkeys(c.dtype for c in found):
+        mine = [c for c in found if c.dtype == dtype]
+        sums: dict[tuple[str, str], int] = {}
+        for c in mine:
+            key = (labels.get(c.unit, c.unit), op_of(c))
+            sums[key] = sums.get(key, 0) + c.nbytes
+        fig.add_trace(
+            go.Bar(
+                name=short(dtype),
+                x=[[u for u, _ in sums], [o for _, o in sums]],
+                y=list(sums.values()),
+                marker={"color": _color(dtype)},
+                text=[short(dtype)] * len(sums),
+                textposition="inside",
+                hovertext=[
+                    f"{html.escape(u)}<br>{o}: {fmt_bytes(n)}" for (u, o), n in sums.items()
+                ],
+                hoverinfo="text",
+            )
+        )
+    fig.update_layout(
+        barmode="stack",
+        title={
+            "text": f"Collectives per unit (bytes this rank sent) · rank {rank}, iteration {it}"
+            "<br><sup>AG: all-gather (forward, backward) · RS: reduce-scatter · AR: all-reduce "
+            "(a reduction's dtype is the unit's reduce phase)</sup>"
+        },
+        yaxis={"title": {"text": "bytes"}},
+        height=420,
+        margin={"t": 80, "b": 60},
+        xaxis={"tickangle": 0},
+    )
+    return fig
+
+
+def fix_text(fix: object) -> str:
+    """A fix in words: text as it is; a plan's ``policies`` dict as ``fqn: policy`` lines."""
+    if isinstance(fix, Mapping):
+        return "; ".join(f"{k or 'root'!s}: {v!r}" for k, v in fix.items())
+    return "" if fix is None else str(fix)
+
+
+def figure_findings(model: PrecisionModel, *, plan: Plan | None = None) -> go.Figure:
+    """Failures and findings (where, what, the fix); a plan's predicted failures too."""
+    rows: list[tuple[str, str, str, str, str, str]] = []
+    for f in model.findings:
+        ranks = ", ".join(map(str, f.ranks))
+        its = ", ".join(map(str, f.iterations[:5])) + ("…" if len(f.iterations) > 5 else "")
+        rows.append((f.level, f.kind, f.unit or "root", f"{ranks} / {its}", f.message, f.fix))
+    for p in plan.failures if plan is not None else ():
+        note = getattr(p, "fix_note", "") or ""
+        fix = " ".join(x for x in (note, fix_text(getattr(p, "fix", None))) if x)
+        rows.append(("planned", "predicted failure", p.unit or "root", "plan", p.message, fix))
+    if not rows:
+        return go.Figure(layout={"title": {"text": "No findings"}, "height": 160})
+    columns = list(zip(*rows, strict=True))
+    colors = [LEVEL_COLORS.get(level, "#999999") for level in columns[0]]
+    fig = go.Figure(
+        go.Table(
+            columnwidth=[60, 110, 70, 80, 330, 380],
+            header={
+                "values": ["level", "kind", "unit", "ranks / iterations", "what", "fix"],
+                "align": "left",
+                "fill": {"color": "#eeeeee"},
+            },
+            cells={
+                "values": [list(c) for c in columns],
+                "align": "left",
+                "font": {"color": [colors, ["#222222"] * len(rows)]},
+                "height": 28,
+            },
+        )
+    )
+    fig.update_layout(
+        title={"text": f"Findings and failures · {len(rows)}"},
+        height=min(900, 140 + 70 * len(rows)),
+        margin={"t": 50, "b": 10},
+    )
+    return fig

@@ -67,8 +67,9 @@ object holding a tensor is not), FSDP2's ``output_dtype`` applied, buffers cast 
 FSDP1 and DDP. The run records what each unit sees, and every op that fails on mixed
 dtypes (the innermost module running it is the *consumer*, the innermost unit holding
 it the failing *unit*). A failing op is retried in the dtype it was meant to compute in
-and the run goes on, so all such failures are found; ``failures[0]`` is where a real
-run stops. Each failure is classified by where the offending dtype came from:
+and the run goes on, so all such failures are found; ``failures[0]`` (``.first``) is
+where a real run stops, the later ones are met once the earlier are fixed. Each failure
+is classified by where the offending dtype came from:
 
 * ``output_boundary``: a unit's output (the *producer*). Fix: FSDP2 ``output_dtype`` on
   the producer; else the consumer module as a unit of its own that casts its input
@@ -105,6 +106,10 @@ Caveats:
   order (FSDP wraps bottom-up). FSDP refuses a unit whose trainable parameters have
   several original dtypes; so does the planner.
 - Backward is not run: ``grad``, ``reduce`` and ``sharded_*`` come from the rules.
+- FSDP1 ``keep_low_precision_grads`` is planned for the sharded strategies (the
+  optimizer's gradient is cast to the compute dtype in ``prepare_gradient_for_optim``);
+  with ``NO_SHARD`` -- which FSDP1 switches to on one rank -- the gradient stays in the
+  reduce dtype (measured).
 """
 
 from __future__ import annotations
@@ -185,7 +190,7 @@ class Boundary:
 class Failure:
     """An op that will fail on mixed dtypes, where, why, and policies that work."""
 
-    unit: str  # the innermost unit holding the consumer: the unit whose compute fails
+    unit: str  # the innermost unit holding the consumer ("" too when no unit holds it)
     consumer: str  # the innermost module running the op
     message: str  # ``error``, then what happened in plain words
     error: str  # torch's own words (CPU kernel), as the real run raises them
@@ -194,6 +199,7 @@ class Failure:
     got: str  # the dtype that arrived
     expected: str  # the dtype the op computes in
     producer: str | None = None  # output_boundary: the unit whose output arrived
+    first: bool = False  # the real forward raises here; later ones only once it is fixed
     fix: dict[str, Any] | None = None  # a complete policies dict, planned clean
     fix_note: str = ""  # what the fix changes, in words
 
@@ -223,6 +229,23 @@ class PrecisionPlan:
     def ok(self) -> bool:
         """No failure predicted (always True without ``example_inputs``)."""
         return not self.failures
+
+    def __repr__(self) -> str:
+        """A unit x phase table, then the failures (a plan is read in a notebook)."""
+        names = [repr(u.fqn) for u in self.units]
+        width = max([len(n) for n in names] + [4])
+        head = f"{'unit':<{width}}  " + "  ".join(f"{p:<13}" for p in PHASES)
+        rows = [
+            f"{n:<{width}}  " + "  ".join(f"{_short(u.dtypes.get(p, '-')):<13}" for p in PHASES)
+            for n, u in zip(names, self.units, strict=True)
+        ]
+        ran = f", simulated on {self.device}" if self.simulated else ""
+        lines = [f"PrecisionPlan({self.wrapper or 'no policy'}, {len(self.units)} units{ran})"]
+        lines += [head.rstrip(), *[r.rstrip() for r in rows]]
+        for f in self.failures:
+            lines.append(f"failure at unit {f.unit!r}, in {f.consumer!r}: {f.error}")
+            lines.append(f"  fix: {f.fix_note}")
+        return "\n".join(lines)
 
 
 # -- resolving the units ------------------------------------------------------------------
@@ -421,7 +444,10 @@ def _short(dtype: str) -> str:
 def _explain(raw: RawFailure, family: Family | None, specs: dict[str, UnitSpec]) -> str:
     unit = specs.get(raw.unit)
     where = f"module {raw.consumer!r}" if raw.consumer != raw.unit else f"unit {raw.unit!r}"
-    in_unit = f" (in unit {raw.unit!r})" if raw.consumer != raw.unit else ""
+    if unit is None:
+        in_unit = " (outside every unit)"
+    else:
+        in_unit = f" (in unit {raw.unit!r})" if raw.consumer != raw.unit else ""
     got, expected = _short(raw.got), _short(raw.expected)
     if raw.kind == "output_boundary":
         producer = raw.origin.unit
@@ -518,9 +544,8 @@ def _candidates(
     if family is None:
         return []
     out: list[_Candidate] = []
-    unit = specs.get(raw.unit)
-    if unit is None:
-        return out
+    unit = specs.get(raw.unit)  # None: no unit holds the consumer (no root unit)
+    base = unit.policy if unit is not None else _policy.default_policy(family)
     got, expected = raw.got, raw.expected
     consumer = raw.consumer
     consumer_free = (
@@ -532,20 +557,22 @@ def _candidates(
     )
 
     def wrap_consumer(dtype: str, **extra: Any) -> _Candidate:
-        policy = _new_unit_policy(family, unit.policy, dtype, **extra)
+        policy = _new_unit_policy(family, base, dtype, **extra)
         return (
             {consumer: policy},
             f"make {consumer!r} a unit of its own computing in {_short(dtype)} that casts "
             f"its input ({_describe(policy)})",
         )
 
-    def unit_in(fqn: str, dtype: str) -> _Candidate:
-        spec = specs[fqn]
+    def unit_in(fqn: str, dtype: str) -> list[_Candidate]:
+        spec = specs.get(fqn)
+        if spec is None:
+            return []
         changes: dict[str, Any] = {"param_dtype": dtype}
         if family in ("fsdp1", "fsdp2"):
             changes["cast_forward_inputs"] = True
         policy = _struct_replace(spec.policy, changes)
-        return ({fqn: policy}, f"unit {fqn!r} computes in {_short(dtype)} ({_describe(policy)})")
+        return [({fqn: policy}, f"unit {fqn!r} computes in {_short(dtype)} ({_describe(policy)})")]
 
     if raw.kind == "output_boundary" and raw.origin.unit in specs:
         producer = raw.origin.unit
@@ -555,8 +582,8 @@ def _candidates(
             out.append(({producer: policy}, f"unit {producer!r} gets output_dtype={expected}"))
         if consumer_free:
             out.append(wrap_consumer(expected))
-        out.append(unit_in(producer, expected))
-    elif raw.kind == "uncast_input":
+        out.extend(unit_in(producer, expected))
+    elif raw.kind == "uncast_input" and unit is not None:
         dtype = unit.policy.param_dtype or expected
         if family == "fsdp2":
             policy = _struct_replace(
@@ -590,15 +617,15 @@ def _candidates(
     elif raw.kind == "hidden_input":
         if consumer_free:
             out.append(wrap_consumer(expected))
-        out.append(unit_in(raw.unit, got))
+        out.extend(unit_in(raw.unit, got))
     elif raw.kind == "buffer":
         owner = raw.origin.unit if raw.origin.unit in specs else raw.unit
         module = raw.origin.module
-        if family in ("fsdp1", "ddp"):
+        if family in ("fsdp1", "ddp") and owner in specs:
             policy = _struct_replace(specs[owner].policy, {"buffer_dtype": expected})
             out.append(({owner: policy}, f"unit {owner!r} gets buffer_dtype={expected}"))
         if family == "fsdp2" and module is not None and module not in specs and module in modules:
-            policy = _new_unit_policy(family, unit.policy, got, output_dtype=expected)
+            policy = _new_unit_policy(family, base, got, output_dtype=expected)
             out.append(
                 (
                     {module: policy},
@@ -606,16 +633,16 @@ def _candidates(
                     f"{_short(got)} with output_dtype={expected} ({_describe(policy)})",
                 )
             )
-        out.append(unit_in(raw.unit, got))
+        out.extend(unit_in(raw.unit, got))
     elif raw.kind == "param" and raw.origin.unit in specs:
         owner = raw.origin.unit
         assert owner is not None
-        out.append(unit_in(owner, expected))
-        out.append(unit_in(raw.unit, got))
+        out.extend(unit_in(owner, expected))
+        out.extend(unit_in(raw.unit, got))
     else:
         if consumer_free:
             out.append(wrap_consumer(expected))
-        out.append(unit_in(raw.unit, got))
+        out.extend(unit_in(raw.unit, got))
     return out
 
 
@@ -757,7 +784,7 @@ def plan_precision(
     done = planner.simulate(plain, counted=False)
     assert done is not None
     specs, result = done
-    failures = []
+    failures: list[Failure] = []
     for raw in result.failures:
         fixed = planner.fix(plain, specs, raw)
         fix = notes = None
@@ -776,6 +803,7 @@ def plan_precision(
                 got=raw.got,
                 expected=raw.expected,
                 producer=raw.origin.unit if raw.kind == "output_boundary" else None,
+                first=not failures,
                 fix=fix,
                 fix_note="; then ".join(notes) if notes else "no policy change found that works",
             )

@@ -554,8 +554,12 @@ def test_fsdp1_unit_without_parameters_does_not_cast(fsdp1: Runner) -> None:
             },
             "mat1 and mat2 must have the same dtype, but got BFloat16 and Float",
         ),
+        (
+            {"1": _p1(param_dtype=bf), "2": _p1(param_dtype=fp16)},  # no root unit
+            "mat1 and mat2 must have the same dtype, but got Half and Float",
+        ),
     ],
-    ids=["A", "B-no-cast", "C", "F-no-root-cast", "H"],
+    ids=["A", "B-no-cast", "C", "F-no-root-cast", "H", "top-level-units-are-roots"],
 )
 def test_fsdp1_predicted_failure_fails_and_the_fix_runs(
     fsdp1: Runner, policies: dict[str, Any], fragment: str

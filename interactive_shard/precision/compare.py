@@ -134,8 +134,8 @@ def compare_rank(
 ) -> tuple[list[str], dict[Cell, tuple[str, str]]]:
     """One rank's differences at ``iteration``: units on one side only, phases whose
     dtypes differ, inputs cast where the plan passes them through (or the reverse, when
-    the plan's units say: a ``cast`` list per unit), failures planned but not seen or
-    seen but not planned."""
+    the plan's units say: a ``cast`` list per unit), and the failures
+    (``compare_failures``)."""
     where = f"rank {rank}, iteration {iteration}"
     lines: list[str] = []
     cells: dict[Cell, tuple[str, str]] = {}
@@ -163,21 +163,38 @@ def compare_rank(
                 f"{_casts(seen_cast)}"
             )
             cells.setdefault((rank, fqn, "input"), (_casts(want_cast), _casts(seen_cast)))
-    planned_at = {f.unit: f for f in plan.failures}
-    seen_at = {f.unit: f for f in failures}
-    for fqn, f in planned_at.items():
-        if fqn not in seen_at:
-            lines.append(
-                f"rank {rank}: the plan predicts a failure at unit {fqn!r} (in "
-                f"`{f.consumer}`); the rank did not fail there"
-            )
-    for fqn, f in seen_at.items():
-        if fqn not in planned_at:
-            lines.append(
-                f"rank {rank}: failed at unit {fqn!r} (in `{f.consumer}`: {f.message}); the "
-                "plan predicts no failure there"
-            )
+    lines += compare_failures(rank, plan.failures, failures)
     return lines, cells
+
+
+def compare_failures(
+    rank: int, planned: Sequence[PlannedFailure], seen: Sequence[PlannedFailure]
+) -> list[str]:
+    """A run stops at its first failure, the planner finds them all (``failures[0]`` is
+    where a real run stops): a rank that failed must have failed at the first planned
+    failure's unit and consumer; a rank that did not fail must have none planned."""
+    if not seen:
+        if not planned:
+            return []
+        first = planned[0]
+        more = f" ({len(planned)} planned in all)" if len(planned) > 1 else ""
+        return [
+            f"rank {rank}: the plan predicts a failure at unit {first.unit!r} (in "
+            f"`{first.consumer}`){more}; the rank did not fail"
+        ]
+    got = seen[0]
+    if not planned:
+        return [
+            f"rank {rank}: failed at unit {got.unit!r} (in `{got.consumer}`: {got.message}); "
+            "the plan predicts no failure"
+        ]
+    first = planned[0]
+    if (first.unit, first.consumer) != (got.unit, got.consumer):
+        return [
+            f"rank {rank}: failed at unit {got.unit!r} (in `{got.consumer}`); the plan's first "
+            f"failure is at unit {first.unit!r} (in `{first.consumer}`)"
+        ]
+    return []
 
 
 def _casts(flags: Sequence[bool]) -> str:

@@ -48,7 +48,7 @@ DTYPE_COLORS = {
 _CLASSES = tuple(DTYPE_COLORS)
 _ALWAYS = ("fp32", "bf16", "fp16")  # in the legend even when absent: the same legend everywhere
 FAILURE = "failure"
-ROW_PX, TOP_PX, MIN_HEIGHT = 34, 120, 260
+ROW_PX, TOP_PX, MIN_HEIGHT = 34, 120, 340
 
 
 def dtype_class(dtype: str | None) -> str | None:
@@ -210,7 +210,28 @@ def figure_grid(
             1,
             c,
         )
-    x_order = [*PHASES, FAILURE] if failures else list(PHASES)
+    predicted = list(plan.failures) if plan is not None else []
+    x_order = [*PHASES, FAILURE] if failures or predicted else list(PHASES)
+    if predicted:  # the planner finds every failure; a real run stops at the first
+        fig.add_trace(
+            go.Scatter(
+                name="predicted failure",
+                x=[FAILURE] * len(predicted),
+                y=[label_of.get(f.unit, f.unit) for f in predicted],
+                mode="markers+text",
+                text=[f"in {f.consumer}" for f in predicted],
+                textposition="middle right",
+                marker={"symbol": "x-open", "size": 16, "color": DIFF},
+                hovertext=[
+                    f"<b>predicted</b> in <code>{html.escape(f.consumer)}</code>:<br>"
+                    f"{html.escape(f.message)}"
+                    for f in predicted
+                ],
+                hoverinfo="text",
+            ),
+            1,
+            1,
+        )
     if failures:
         fig.add_trace(
             go.Scatter(

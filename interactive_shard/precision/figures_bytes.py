@@ -11,6 +11,7 @@ table.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = ["figure_bytes", "figure_collectives", "figure_findings", "fix_text", 
 
 PATTERNS = {"sharded_param": "", "param": "/", "sharded_grad": "."}
 LEVEL_COLORS = {"error": DIFF, "warning": "#E69F00", "note": "#0072B2", "planned": "#CC79A7"}
+_UNSET = re.compile(r"\b\w+=None(, )?|, \w+=None(?=\))")
 OPS = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR"}
 UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
 
@@ -168,9 +170,10 @@ def figure_collectives(
 
 
 def fix_text(fix: object) -> str:
-    """A fix in words: text as it is; a plan's ``policies`` dict as ``fqn: policy`` lines."""
+    """A fix in words: text as it is; a plan's ``policies`` dict as ``fqn: policy`` lines,
+    each policy without the fields it leaves None."""
     if isinstance(fix, Mapping):
-        return "; ".join(f"{k or 'root'!s}: {v!r}" for k, v in fix.items())
+        return "; ".join(f"{k or 'root'!s}: {_UNSET.sub('', repr(v))}" for k, v in fix.items())
     return "" if fix is None else str(fix)
 
 
@@ -191,7 +194,7 @@ def figure_findings(model: PrecisionModel, *, plan: Plan | None = None) -> go.Fi
     colors = [LEVEL_COLORS.get(level, "#999999") for level in columns[0]]
     fig = go.Figure(
         go.Table(
-            columnwidth=[60, 110, 70, 80, 330, 380],
+            columnwidth=[70, 110, 60, 80, 330, 380],
             header={
                 "values": ["level", "kind", "unit", "ranks / iterations", "what", "fix"],
                 "align": "left",
@@ -205,9 +208,11 @@ def figure_findings(model: PrecisionModel, *, plan: Plan | None = None) -> go.Fi
             },
         )
     )
+    # Rows grow with their text (about 40 characters a line in the widest columns).
+    lines = sum(1 + max(len(r[4]), len(r[5])) // 40 for r in rows)
     fig.update_layout(
         title={"text": f"Findings and failures · {len(rows)}"},
-        height=min(900, 140 + 70 * len(rows)),
+        height=min(2400, 120 + 17 * lines + 14 * len(rows)),
         margin={"t": 50, "b": 10},
     )
     return fig

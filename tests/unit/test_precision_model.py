@@ -215,11 +215,24 @@ def test_compare_checks_failures_and_input_casts() -> None:
     m = model_of(FAILING)
     plan = plan_as_observed(m)
     assert not m.compare(plan).matches  # the run failed; the plan predicts nothing
+    assert "the plan predicts no failure" in m.compare(plan).differences[-1]
     plan.failures = [_PlanFailure("", "3")]
     assert m.compare(plan).matches
-    plan.failures = [_PlanFailure("1", "1.lin")]
-    text = "\n".join(m.compare(plan).differences)
-    assert "predicts a failure at unit '1'" in text and "failed at unit ''" in text
+    # A run stops at its first failure: later planned ones cannot be seen.
+    plan.failures = [_PlanFailure("", "3"), _PlanFailure("x", "x.lin")]
+    assert m.compare(plan).matches
+    plan.failures = [_PlanFailure("1", "1.lin"), _PlanFailure("", "3")]
+    assert m.compare(plan, rank=0).differences == [
+        "rank 0: failed at unit '' (in `3`); the plan's first failure is at unit '1' (in `1.lin`)"
+    ]
+    plan.failures = [_PlanFailure("", "0")]
+    assert "the plan's first failure is at unit '' (in `0`)" in m.compare(plan).differences[0]
+    fixed = model_of(FIXED)
+    cmp = fixed.compare(_Plan(plan_as_observed(fixed, 2).units, [_PlanFailure("", "3")] * 2))
+    assert cmp.differences[0] == (
+        "rank 0: the plan predicts a failure at unit '' (in `3`) (2 planned in all); the "
+        "rank did not fail"
+    )
     plan = plan_as_observed(m)
     plan.failures = [_PlanFailure("", "3")]
     plan.units[1].cast = [False]  # the plan says unit 1 passes its input through
@@ -345,7 +358,15 @@ _PLANNER = importlib.util.find_spec("interactive_shard.precision.plan") is not N
 @pytest.mark.skipif(not _PLANNER, reason="precision/plan.py not there yet")
 @pytest.mark.parametrize(
     ("name", "wrapper"),
-    [("failing", "fsdp2"), ("fixed", "fsdp2"), ("uniform", "fsdp2"), ("fsdp1", "fsdp1")],
+    [
+        ("failing", "fsdp2"),
+        ("fixed", "fsdp2"),
+        ("uniform", "fsdp2"),
+        ("uncast", "fsdp2"),
+        ("fsdp1_failing", "fsdp1"),
+        ("fsdp1", "fsdp1"),
+        ("ddp", "ddp"),
+    ],
 )
 def test_the_fake_run_matches_the_planner(name: str, wrapper: str) -> None:
     """The synthetic events follow the planner's rules (both follow the measurements)."""
@@ -369,7 +390,20 @@ def test_the_fake_run_matches_the_planner(name: str, wrapper: str) -> None:
         "2": fsdp1_policy("fp16", cast_forward_inputs=True),
         "3": fsdp1_policy("fp32", cast_forward_inputs=True),
     }
-    policies = {"failing": FAILING, "fixed": FIXED, "uniform": UNIFORM, "fsdp1": fsdp1}[name]
+    policies = {
+        "failing": FAILING,
+        "fixed": FIXED,
+        "uniform": UNIFORM,
+        # Unit 1 does not cast: it fails; the planner goes on and finds unit 2's too.
+        "uncast": {
+            "": fsdp2_policy(),
+            "1": fsdp2_policy("bf16", cast_forward_inputs=False),
+            "2": fsdp2_policy(),
+        },
+        "fsdp1_failing": {k: v for k, v in fsdp1.items() if k != "3"},
+        "fsdp1": fsdp1,
+        "ddp": {"": ddp_policy("bf16", "fp32")},
+    }[name]
     net = nn.Sequential(nn.Linear(8, 16), Inner(), Inner(), nn.Linear(16, 4))
     real = {k: policy_object(p) for k, p in policies.items()}
     plan = plan_precision(net, real, example_inputs=(torch.randn(4, 8),))

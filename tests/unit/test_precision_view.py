@@ -330,6 +330,9 @@ def test_predicted_failures_and_their_fix_are_listed() -> None:
     assert "predicted failure</b> at <b>root</b>" in view.findings_html.value
     assert "give unit &#x27;2&#x27; output_dtype" in view.findings_html.value
     assert "observed = planned" in view.differences_html.value
+    grid = traces(view.grid_figure)
+    assert grid["predicted failure"]["y"] == [ROOT] and grid["predicted failure"]["xaxis"] == "x"
+    assert grid["failure (✖ at its unit)"]["xaxis"] == "x2"
 
 
 def test_refresh_follows_a_live_run_and_skips_needless_redraws(

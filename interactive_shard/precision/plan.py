@@ -733,12 +733,16 @@ class _Planner:
 
 
 def _fix_objects(fixed: dict[str, Policy], base: _Units) -> dict[str, Any]:
-    """Real torch policies: the caller's own objects where a unit's policy did not change."""
+    """Real torch policies: the caller's own objects where a unit's policy did not change
+    (a None kept, except for FSDP2 whose ``fully_shard`` needs a policy object)."""
     out: dict[str, Any] = {}
     for fqn, policy in fixed.items():
         obj = base.objects.get(fqn)
-        if fqn in base.specs and base.specs[fqn].policy == policy and fqn in base.objects:
-            out[fqn] = obj
+        unchanged = fqn in base.specs and base.specs[fqn].policy == policy
+        # fully_shard takes no mp_policy=None: FSDP2 gets MixedPrecisionPolicy() for it
+        usable = obj is not None or base.family != "fsdp2"
+        if unchanged and fqn in base.objects and not isinstance(obj, Policy) and usable:
+            out[fqn] = obj  # the caller's own object (None included)
         else:
             out[fqn] = _policy.policy_object(policy, like=obj)
     return out

@@ -602,3 +602,13 @@ def test_ddp_mixed_precision_setup_matches_the_plan(group: Any) -> None:
     assert {str(b.dtype) for b in ddp.module.buffers()} == {"torch.bfloat16"}
     with contextlib.suppress(RuntimeError):
         ddp(X)  # "cpu backend doesn't support events" on CPU torch 2.13
+
+
+def test_a_ddp_model_is_planned_as_its_module(group: Any) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.nn.parallel.distributed import _MixedPrecision
+
+    policy = _MixedPrecision(param_dtype=bf)
+    plan = ish.plan_precision(DDP(seq()), {"": policy}, example_inputs=X)
+    assert plan.ok and plan.unit("").params[0] == "0.weight"
+    assert plan.unit("").dtypes["output"] == "torch.bfloat16"

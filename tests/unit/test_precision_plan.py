@@ -737,3 +737,21 @@ def test_repr_is_a_table() -> None:
     assert text.splitlines()[0] == "PrecisionPlan(fsdp2, 3 units, simulated on cpu)"
     assert "sharded_grad" in text.splitlines()[1]
     assert "failure at unit '', in '3': mat1 and mat2" in text
+
+
+def test_plain_data_policies_are_accepted() -> None:
+    policies = {"": policy_of(P2()), "2": policy_of(P2(param_dtype=fp16))}
+    plan = plan_precision(seq(), policies, example_inputs=X)
+    (failure,) = plan.failures
+    assert failure.fix == {"": P2(), "2": P2(param_dtype=fp16, output_dtype=f32)}
+    assert all(isinstance(p, P2) for p in failure.fix.values())  # real torch policies
+
+
+def test_fsdp2_fix_has_a_policy_object_for_every_unit() -> None:
+    plan = plan_precision(
+        seq(), {"": None, "1": P2(param_dtype=bf), "2": P2(param_dtype=fp16)}, example_inputs=X
+    )
+    fix = plan.failures[0].fix
+    assert fix is not None and fix[""] == P2()  # fully_shard(mp_policy=None) would not run
+    fsdp1 = plan_precision(seq(), FAILURES["fsdp1-A"][0], example_inputs=X).failures[0].fix
+    assert fsdp1 is not None and fsdp1[""] is None  # FSDP1 takes mixed_precision=None

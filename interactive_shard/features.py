@@ -107,6 +107,15 @@ FEATURES: tuple[Feature, ...] = (
         events="interactive_shard.splits.events:EVENTS",
         probe="interactive_shard.splits.probe",
     ),
+    Feature(
+        name="precision",
+        title="Mixed precision per unit (FSDP2, FSDP1, DDP)",
+        model="interactive_shard.precision.model:PrecisionModel",
+        view="interactive_shard.precision.view:PrecisionView",
+        figures="interactive_shard.precision.figures:report_figures",
+        events="interactive_shard.precision.events:EVENTS",
+        probe="interactive_shard.precision.probe",
+    ),
 )
 
 

@@ -418,13 +418,15 @@ class ModulePatch:
     def original(self) -> Any:
         return self._original if self._users else getattr(self.module, self.name)
 
-    def acquire(self) -> Callable[[], None]:
+    def acquire(self, owner: object) -> Callable[[], None]:
+        """Patch (if not yet) for ``owner``; the returned callable releases, once. A
+        recorder dropped without ``detach()`` releases when it is collected."""
         with self._lock:
             if self._users == 0:
                 self._original = getattr(self.module, self.name)
                 setattr(self.module, self.name, self._make(self._original))
             self._users += 1
-        return self._release
+        return weakref.finalize(owner, self._release)
 
     def _release(self) -> None:
         with self._lock:

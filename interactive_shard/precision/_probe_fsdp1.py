@@ -138,7 +138,7 @@ class Fsdp1Recorder(Recorder):
                 self._wrap_unshard(fqn, handle)
         with _lock:
             for patch in _PATCHES:
-                undo.append(patch.acquire())
+                undo.append(patch.acquire(self))
 
     def _before_cast(self, fqn: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:

@@ -128,7 +128,7 @@ class Fsdp2Recorder(Recorder):
                 self._wrap_group(fqn, group)
                 hsdp |= DDPMeshInfo is not None and isinstance(group.mesh_info, DDPMeshInfo)
         if hsdp and _HSDP_ALL_REDUCE is not None:
-            undo.append(_HSDP_ALL_REDUCE.acquire())
+            undo.append(_HSDP_ALL_REDUCE.acquire(self))
 
     def _wrap_cast(self, fqn: str, state: Any) -> None:
         """FSDP2 looks ``self._cast_forward_inputs`` up at call time: an instance attribute

@@ -74,7 +74,9 @@ Caveats:
   with and without the probe. A bug in the probe's reading is logged once, not raised.
 * Patches: FSDP1's module globals and the optimizer hook are process-wide while any
   probe is attached (other FSDP1 models run through them unrecorded); FSDP2's and
-  DDP's are per instance. ``detach()`` undoes them all.
+  DDP's are per instance. ``detach()`` undoes them all; a probe never detached undoes
+  them when its model is collected (an FSDP1 model whose forward failed is not: its
+  hooks stay registered with autograd).
 * FSDP2: ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` after ``ish.watch``
   replace the spying comms (those collectives go unrecorded), and the probe's comms make
   ``set_symm_mem_for_comm`` / ``set_allocate_memory_from_process_group_for_comm`` refuse

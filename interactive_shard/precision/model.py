@@ -55,12 +55,16 @@ class ObservedFailure(PrecisionFailure, kw_only=True, frozen=True):
 @dataclass
 class _Rank:
     watch: PrecisionWatch | None = None
-    seen: dict[tuple[int, str], list[PrecisionSeen]] = field(default_factory=dict)
-    collectives: dict[tuple[int, str], list[PrecisionCollective]] = field(default_factory=dict)
+    # iteration -> unit -> records, in arrival order
+    seen: dict[int, dict[str, list[PrecisionSeen]]] = field(default_factory=dict)
+    collectives: dict[int, dict[str, list[PrecisionCollective]]] = field(default_factory=dict)
     failures: list[ObservedFailure] = field(default_factory=list)
     outputs: dict[int, list[tuple[str, list[str]]]] = field(default_factory=dict)
     iterations: set[int] = field(default_factory=set)
     units: dict[str, Unit] = field(default_factory=dict)
+    unknown: dict[str, None] = field(default_factory=dict)  # reported, not in the watch
+    tree: list[Unit] | None = None  # units() as a tree, until a unit is added
+    latest: int = 0
 
 
 class PrecisionModel(ShowsView):
@@ -121,15 +125,19 @@ class PrecisionModel(ShowsView):
         if isinstance(record, PrecisionSeen):
             if record.phase == "input" and not aligned(record):
                 raise Malformed("input: dtypes, before and cast differ in length")
-            here.seen.setdefault((it, record.unit), []).append(record)
+            here.seen.setdefault(it, {}).setdefault(record.unit, []).append(record)
             if record.phase == "output":
                 here.outputs.setdefault(it, []).append((record.unit, record.dtypes))
         elif isinstance(record, PrecisionCollective):
-            here.collectives.setdefault((it, record.unit), []).append(record)
+            here.collectives.setdefault(it, {}).setdefault(record.unit, []).append(record)
         else:
             failure = ObservedFailure(**msgspec.structs.asdict(record), rank=rank)
             here.failures.append(failure)
         here.iterations.add(it)
+        here.latest = max(here.latest, it)
+        if record.unit not in here.units and record.unit not in here.unknown:
+            here.unknown[record.unit] = None
+            here.tree = None
         self._findings.dirty(rank, it)
 
     # -- what was observed -------------------------------------------------------------------
@@ -146,8 +154,9 @@ class PrecisionModel(ShowsView):
 
     def latest(self, rank: int | None = None) -> int | None:
         """The newest iteration of ``rank`` (None: of any rank); None before any."""
-        found = self.iterations if rank is None else sorted(self._rank(rank).iterations)
-        return found[-1] if found else None
+        self.update()
+        ranks = self._ranks.values() if rank is None else [self._rank(rank)]
+        return max((r.latest for r in ranks), default=0) or None
 
     def watch(self, rank: int = 0) -> PrecisionWatch | None:
         return self._rank(rank).watch
@@ -166,10 +175,10 @@ class PrecisionModel(ShowsView):
         """The rank's units as a tree, depth first: root first, children in module order
         (units reported but not in the watch come last, without a parent)."""
         here = self._rank(rank)
-        known = list(here.units.values())
-        extra = {u for _, u in (*here.seen, *here.collectives)} | {f.unit for f in here.failures}
-        known += [unknown_unit(f) for f in sorted(extra - set(here.units))]
-        return tree(known)
+        if here.tree is None:
+            known = [*here.units.values(), *(unknown_unit(f) for f in sorted(here.unknown))]
+            here.tree = tree(known)
+        return list(here.tree)
 
     def unit(self, fqn: str, *, rank: int = 0) -> Unit | None:
         return next((u for u in self.units(rank) if u.fqn == fqn), None)
@@ -183,7 +192,7 @@ class PrecisionModel(ShowsView):
 
     def seen(self, fqn: str, *, rank: int = 0, iteration: int = 1) -> list[PrecisionSeen]:
         """Every record of unit ``fqn`` in ``iteration`` on ``rank``, in arrival order."""
-        return list(self._rank(rank).seen.get((iteration, fqn), []))
+        return list(self._rank(rank).seen.get(iteration, {}).get(fqn, []))
 
     def observed(self, fqn: str, *, rank: int = 0, iteration: int = 1) -> dict[str, str]:
         """Phase -> dtype (``"torch.bfloat16"``) of unit ``fqn``; several: joined."""
@@ -215,10 +224,10 @@ class PrecisionModel(ShowsView):
         self, fqn: str | None = None, *, rank: int = 0, iteration: int = 1
     ) -> list[PrecisionCollective]:
         """The collectives unit ``fqn`` (None: every unit) issued in ``iteration``."""
-        table = self._rank(rank).collectives
+        found = self._rank(rank).collectives.get(iteration, {})
         if fqn is not None:
-            return list(table.get((iteration, fqn), []))
-        return [c for (it, _), found in table.items() if it == iteration for c in found]
+            return list(found.get(fqn, []))
+        return [c for mine in found.values() for c in mine]
 
     @property
     def failures(self) -> list[ObservedFailure]:

@@ -18,6 +18,10 @@ from interactive_shard.precision.events import Unit
 
 log = logging.getLogger(__name__)
 
+# FSDP2 casts inputs in FSDPState._cast_forward_inputs in torch 2.13; earlier it did so
+# inline in _pre_forward, and the probe compares hooks before and after it instead.
+WRAP_CAST = True
+
 try:  # the comm objects FSDPParamGroup calls (torch >= 2.8)
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
@@ -79,6 +83,7 @@ class Fsdp2Recorder(Recorder):
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         super().__init__(root, units, module_fqn, module_unit, world)
         self._output_before: dict[str, list[str]] = {}
+        self._input_before: dict[str, list[torch.Tensor]] = {}
         try:
             self._install(root)
         except BaseException:
@@ -113,11 +118,20 @@ class Fsdp2Recorder(Recorder):
         undo.append(handle.remove)
         hsdp = False
         for fqn, state, modules in self._states:
-            self._wrap_cast(fqn, state)
+            by_hooks = not (WRAP_CAST and hasattr(type(state), "_cast_forward_inputs"))
+            if not by_hooks:
+                self._wrap_cast(fqn, state)
             for m in modules:
+                if by_hooks:  # prepended after fully_shard: before FSDP's pre-forward
+                    handle = m.register_forward_pre_hook(
+                        guarded(self._before_cast(fqn)), prepend=True, with_kwargs=True
+                    )
+                    undo.append(handle.remove)
                 handles = [
                     # Appended: after FSDP's pre-forward, the unsharded compute parameters.
-                    m.register_forward_pre_hook(guarded(self._params(fqn, state))),
+                    m.register_forward_pre_hook(
+                        guarded(self._after_pre_forward(fqn, state)), with_kwargs=True
+                    ),
                     m.register_forward_hook(guarded(self._before_output(fqn)), prepend=True),
                     m.register_forward_hook(
                         guarded(self._after_output(fqn, m is root)), always_call=m is root
@@ -158,10 +172,28 @@ class Fsdp2Recorder(Recorder):
         if not common.in_backward():
             self.inputs(fqn, floating((args, kwargs)), floating((new_args, new_kwargs)))
 
-    def _params(self, fqn: str, state: Any) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any) -> None:
-            if not common.in_backward():
-                self.seen(fqn, "param", _unsharded_dtypes(state._fsdp_param_groups))
+    def _before_cast(self, fqn: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            if not common.in_backward() and self.attached:
+                self._input_before[fqn] = floating((args, kwargs))
+
+        return hook
+
+    def _after_pre_forward(self, fqn: str, state: Any) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            if common.in_backward():
+                return
+            before = self._input_before.pop(fqn, None)
+            if before is not None:  # torch without _cast_forward_inputs (Note, step 3)
+                after = floating((args, kwargs))
+                self.seen(
+                    fqn,
+                    "input",
+                    [str(t.dtype) for t in after],
+                    [str(t.dtype) for t in before],
+                    [_was_cast(b, a) for b, a in zip(before, after, strict=False)],
+                )
+            self.seen(fqn, "param", _unsharded_dtypes(state._fsdp_param_groups))
 
         return hook
 
@@ -232,6 +264,15 @@ class Fsdp2Recorder(Recorder):
             for group in state._fsdp_param_groups
             for fp in group.fsdp_params
         }
+
+
+def _was_cast(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Without the cast itself to look at: a cast makes a new tensor in another dtype; a
+    tensor passed through may come back as a view of itself (``RegisterPostBackward
+    Function``), with the same data."""
+    if after is before:
+        return False
+    return after.dtype != before.dtype or after.data_ptr() != before.data_ptr()
 
 
 def _unsharded_dtypes(groups: list[Any]) -> list[str]:

@@ -30,7 +30,11 @@ Algorithm (``attach``):
    the wrapped module's. ``cast`` is False exactly when the very same tensor object went
    on (``_cast_fp_tensor`` returns its argument when the dtype already matches). A
    later hook cannot tell: FSDP2 passes grad-requiring inputs through
-   ``RegisterPostBackwardFunction``, which returns a view of the same data.
+   ``RegisterPostBackwardFunction``, which returns a view of the same data. Where
+   FSDP2 casts inline in ``_pre_forward`` (torch before 2.13: no ``_cast_forward_inputs``
+   to wrap), a pre-hook prepended after ``fully_shard`` sees the inputs before it and an
+   appended one after; cast then means another dtype or other data (``data_ptr``), so a
+   tensor FSDP moves to the GPU in the same dtype also reads as cast.
 4. ``param``: FSDP2 from a forward hook prepended before FSDP's ``_post_forward``
    (parameters still unsharded) and after ``FSDPParamGroup.pre_backward``; FSDP1 from
    the wrapped module's pre-hook and after ``FlatParamHandle.unshard`` in backward;

@@ -200,6 +200,25 @@ def test_fsdp2_uniform_bf16(cluster: ish.Cluster) -> None:
     assert run.precision.cast_inputs("2", rank=1, iteration=2) == [False]
 
 
+def _by_hooks(ctx: Any, policies: Any) -> dict[str, Any]:
+    from interactive_shard.precision import _probe_fsdp2
+
+    _probe_fsdp2.WRAP_CAST = False  # as on a torch without FSDPState._cast_forward_inputs
+    try:
+        return _fsdp2_run(ctx, policies)
+    finally:
+        _probe_fsdp2.WRAP_CAST = True
+
+
+def test_fsdp2_input_casts_seen_from_hooks_where_torch_casts_inline(cluster: ish.Cluster) -> None:
+    policies = (MP(), MP(param_dtype=bf16), MP(param_dtype=bf16, output_dtype=fp32))
+    run = cluster.run(_by_hooks, policies)
+    seen = _seen(run, 1, 2)
+    assert _inputs(seen, "") == [(FP32, FP32, False)]
+    assert _inputs(seen, "1") == [(FP32, BF16, True)]
+    assert _inputs(seen, "2") == [(BF16, BF16, False)]  # a view of the same data
+
+
 def test_fsdp2_inner_bf16_and_fp16_under_fp32_root_with_output_dtype(cluster: ish.Cluster) -> None:
     policies = (MP(), MP(param_dtype=bf16), MP(param_dtype=fp16, output_dtype=fp32))
     run = cluster.run(_fsdp2_run, policies)

@@ -25,7 +25,7 @@ Phase = Literal[
     "param",  # the unsharded parameters while the unit computes (forward and backward)
     "output",  # the unit's output, after output_dtype
     "grad",  # the unsharded gradients the unit's backward produces
-    "reduce",  # the gradient reduction: reduce-scatter (FSDP) or all-reduce (DDP)
+    "reduce",  # the gradient reduction: seen as its PrecisionCollective, not as PrecisionSeen
     "sharded_param",  # the parameters the optimizer steps
     "sharded_grad",  # the gradients the optimizer reads
 ]
@@ -76,7 +76,7 @@ class PrecisionWatch(msgspec.Struct, kw_only=True, frozen=True):
     KIND: ClassVar[str] = "precision_watch"
 
     wrapper: Annotated[Wrapper, Meta(description="FSDP2 (`fully_shard`), FSDP1 or DDP")]
-    world_size: Annotated[int, Meta(ge=1)]
+    world_size: Annotated[int, Meta(ge=1, description="ranks the parameters are sharded over")]
     units: Annotated[list[Unit], Meta(description="root first, then in module order")]
 
 
@@ -112,14 +112,18 @@ class PrecisionCollective(msgspec.Struct, kw_only=True, frozen=True):
 
     iteration: Iteration
     unit: Annotated[str, Meta(description="the unit's fqn")]
-    op: Annotated[Literal["all_gather", "reduce_scatter", "all_reduce"], Meta()]
+    op: Annotated[
+        Literal["all_gather", "reduce_scatter", "all_reduce"],
+        Meta(description="reduce_scatter / all_reduce: the unit's `reduce` phase"),
+    ]
     dtype: Annotated[str, Meta(description="the dtype of the buffer it sent")]
     nbytes: Annotated[Bytes, Meta(description="bytes this rank sent")]
     backward: Annotated[bool, Meta(description="issued during backward")] = False
 
 
 class PrecisionFailure(msgspec.Struct, kw_only=True, frozen=True):
-    """A forward failed on a dtype mismatch: where, as the probe located it."""
+    """A forward of the watched root raised (a dtype mismatch, or e.g. DDP mixed precision
+    on CPU): where, as the probe located it. What was seen before it stays recorded."""
 
     KIND: ClassVar[str] = "precision_failure"
 

@@ -10,6 +10,16 @@ Cases (each on real ranks started by ``ish.Cluster``):
 * ``gloo-shared-gpu-splits-inductor``: the same ranks, ``torch.compile(ddp,
   backend="inductor")`` + ``ish.watch``: captured partitions equal
   ``ish.plan_splits`` (planned in this process, on CPU), compiled outputs equal eager;
+* ``gloo-shared-gpu-precision-fsdp2``: the same ranks, a small model under FSDP2 with
+  nested policies (a bfloat16 unit and a float16 unit under a float32 root):
+  ``ish.plan_precision`` (in this process, on CPU) predicts the float16 output reaching
+  the float32 head and gives the fix (``output_dtype=float32`` on that unit); with the
+  fix, ``ish.watch`` on the ranks observes every unit's dtype as planned, and the
+  output is float32;
+* ``gloo-shared-gpu-precision-ddp``: the same ranks, DDP native mixed precision
+  (``DDP(mixed_precision=_MixedPrecision(param_dtype=float16))``, which fails on CPU:
+  it records CUDA events): output float16, parameters and gradients float32 after
+  backward, every phase as planned; SKIP with ``--cpu``;
 * ``nccl-gpu-per-rank``: 2 ranks over NCCL, one GPU each (bucket map and splits with
   aot_eager), where at least 2 GPUs are visible; else SKIP.
 
@@ -29,7 +39,7 @@ from typing import Any
 
 # Seconds from the start by which each case must be done (else it FAILs with a timeout):
 # the whole script stays under 4 minutes, inductor's cold compile gets the most.
-DEADLINES_S = (60.0, 170.0, 220.0)
+DEADLINES_S = (55.0, 165.0, 185.0, 200.0, 235.0)
 MAX_DETAILS = 1000  # characters of a FAIL line's details
 STEPS = 4
 WIDTH, LAYERS, BATCH = 512, 4, 32
@@ -40,7 +50,14 @@ RTOL = ATOL = 1e-4  # compiled against eager outputs, fp32 (no TF32 either way)
 # fork", torch's multiprocessing notes) while torch.cuda.is_initialized() stays False.
 SETTINGS: dict[str, Any] = {"start_method": "spawn", "timeout": 120, "echo": False}
 
-CASES = ("gloo-shared-gpu-buckets", "gloo-shared-gpu-splits-inductor", "nccl-gpu-per-rank")
+CASES = (
+    "gloo-shared-gpu-buckets",
+    "gloo-shared-gpu-splits-inductor",
+    "gloo-shared-gpu-precision-fsdp2",
+    "gloo-shared-gpu-precision-ddp",
+    "nccl-gpu-per-rank",
+)
+PRECISION_STEPS = 2  # the second iteration is compared: after an optimizer step
 
 
 def _net() -> Any:
@@ -61,6 +78,54 @@ def _net() -> Any:
 
     torch.manual_seed(0)
     return Net()
+
+
+def _mp_net() -> Any:
+    """``embed -> block1 -> block2 -> head`` (16 features): units ``block1``, ``block2``
+    and the root, which owns ``embed`` and ``head``; same weights every call."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.lin(x))
+
+    class MpNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(8, 16)
+            self.block1 = Block()
+            self.block2 = Block()
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.block2(self.block1(self.embed(x))))
+
+    torch.manual_seed(0)
+    return MpNet()
+
+
+def _mp_input(rank: int = 0) -> Any:
+    import torch
+
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+
+
+def _nested_policies() -> dict[str, Any]:
+    """bfloat16 ``block1`` and float16 ``block2`` under a float32 root: the float16
+    output reaches the float32 ``head`` (the plan's failure, before its fix)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return {
+        "": MixedPrecisionPolicy(),
+        "block1": MixedPrecisionPolicy(param_dtype=torch.bfloat16),
+        "block2": MixedPrecisionPolicy(param_dtype=torch.float16),
+    }
 
 
 # -- rank code --------------------------------------------------------------------------------
@@ -139,6 +204,66 @@ def _compile(ctx: Any, backend: str) -> dict[str, Any]:
     }
 
 
+def _fsdp2_precision(ctx: Any, policies: dict[str, Any]) -> dict[str, Any]:
+    """FSDP2 units as ``policies`` say (inner first, then the root) + ish.watch, a few
+    SGD steps on this rank's device."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import interactive_shard as ish
+
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    model = _mp_net()
+    for fqn in sorted((f for f in policies if f), key=lambda f: -f.count(".")):
+        fully_shard(model.get_submodule(fqn), mesh=mesh, mp_policy=policies[fqn])
+    fully_shard(model, mesh=mesh, mp_policy=policies[""])
+    watch = ish.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = _mp_input(ctx.rank).to(ctx.device)
+    out = x
+    for _ in range(PRECISION_STEPS):
+        out = model(x)
+        out.float().square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    _sync(ctx)
+    watch.detach()
+    return {"output": str(out.dtype), "device": str(out.device)}
+
+
+def _ddp_precision(ctx: Any, policy: Any) -> dict[str, Any]:
+    """DDP(mixed_precision=policy) + ish.watch; dtypes of the output, and of the
+    parameters and gradients after each backward (before the optimizer step)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import interactive_shard as ish
+
+    ids = [ctx.device] if ctx.device.type == "cuda" else None
+    ddp = DDP(_mp_net().to(ctx.device), device_ids=ids, mixed_precision=policy)
+    watch = ish.watch(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x = _mp_input(ctx.rank).to(ctx.device)
+    outputs, params, grads = set(), set(), set()
+    for _ in range(PRECISION_STEPS):
+        out = ddp(x)
+        outputs.add(str(out.dtype))
+        out.float().square().mean().backward()
+        params |= {str(p.dtype) for p in ddp.parameters()}
+        grads |= {str(p.grad.dtype) if p.grad is not None else "None" for p in ddp.parameters()}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    _sync(ctx)
+    watch.detach()
+    return {
+        "outputs": sorted(outputs),
+        "params": sorted(params),
+        "grads": sorted(grads),
+        "device": str(out.device),
+    }
+
+
 # -- checks in this process ---------------------------------------------------------------------
 def _wait(run: Any, deadline: float) -> Any:
     return run.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -202,6 +327,79 @@ def check_splits(cluster: Any, backend: str, deadline: float) -> tuple[str, str]
     )
 
 
+def _precision_problems(run: Any, plan: Any) -> list[str]:
+    """Planned vs observed on every rank at the last iteration, and no failure."""
+    problems = list(run.precision.compare(plan).differences)
+    iterations = run.precision.iterations
+    if len(iterations) != PRECISION_STEPS:
+        problems.append(f"precision iterations {iterations}, expected {PRECISION_STEPS}")
+    problems += [
+        f"rank {f.rank} failed in {f.consumer!r}: {f.message}" for f in run.precision.failures
+    ]
+    return problems
+
+
+def check_precision_fsdp2(cluster: Any, deadline: float) -> tuple[str, str]:
+    import interactive_shard as ish
+
+    nested = ish.plan_precision(_mp_net(), _nested_policies(), example_inputs=_mp_input())
+    if not nested.failures or nested.failures[0].fix is None:
+        return "FAIL", f"the planner predicted no failure (or no fix) for {nested!r}"
+    failure = nested.failures[0]
+    fixed = failure.fix
+    plan = ish.plan_precision(_mp_net(), fixed, example_inputs=_mp_input())
+    if not plan.ok:
+        return "FAIL", f"the plan of the fix still fails: {plan.failures[0].error}"
+    run = _wait(cluster.run(_fsdp2_precision, fixed, wait=False), deadline)
+    problems = _precision_problems(run, plan)
+    outputs = sorted({r["output"] for r in run.results})
+    if outputs != ["torch.float32"]:
+        problems.append(f"outputs {outputs}, expected float32 (output_dtype)")
+    if problems:
+        return "FAIL", " | ".join(problems)
+    devices = ", ".join(r["device"] for r in run.results)
+    dtypes = {u.fqn or "root": u.dtypes["param"].removeprefix("torch.") for u in plan.units}
+    return "PASS", (
+        f"ranks on {devices}; planner: {failure.error!r} at unit {failure.unit!r} in "
+        f"{failure.consumer!r}, fixed by {failure.fix_note}; with the fix, {len(plan.units)} "
+        f"units x {len(plan.units[0].dtypes)} phases planned == observed on every rank "
+        f"(compute {dtypes}); output float32"
+    )
+
+
+def check_precision_ddp(cluster: Any, deadline: float) -> tuple[str, str]:
+    import torch
+
+    import interactive_shard as ish
+
+    try:
+        from torch.nn.parallel.distributed import _MixedPrecision
+    except ImportError:
+        return "SKIP", f"torch {torch.__version__} has no DDP _MixedPrecision"
+    policy = _MixedPrecision(param_dtype=torch.float16)
+    plan = ish.plan_precision(_mp_net(), {"": policy}, example_inputs=_mp_input())
+    run = _wait(cluster.run(_ddp_precision, policy, wait=False), deadline)
+    problems = _precision_problems(run, plan)
+    expected = {
+        "outputs": ["torch.float16"],
+        "params": ["torch.float32"],
+        "grads": ["torch.float32"],
+    }
+    for rank, got in enumerate(run.results):
+        for key, want in expected.items():
+            if got[key] != want:
+                problems.append(f"rank {rank}: {key} {got[key]}, expected {want}")
+    if problems:
+        return "FAIL", " | ".join(problems)
+    devices = ", ".join(r["device"] for r in run.results)
+    phases = {p: d.removeprefix("torch.") for p, d in plan.unit("").dtypes.items()}
+    return "PASS", (
+        f"ranks on {devices}; _MixedPrecision(param_dtype=float16): output float16, "
+        f"parameters and gradients float32 after backward; planned == observed on every "
+        f"rank {phases}"
+    )
+
+
 def _case(name: str, check: Any, *args: Any) -> str:
     """Run one check and print its line; returns the status."""
     try:
@@ -237,31 +435,43 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     device = "cpu" if args.cpu else "cuda"
-    a, b, c = (start + s for s in DEADLINES_S)
+    a, b, c, d, e = (start + s for s in DEADLINES_S)
     statuses: dict[str, str] = {}
+    gloo = CASES[:4]
     try:
         with ish.Cluster(2, backend="gloo", device=device, **SETTINGS) as cluster:
-            statuses[CASES[0]] = _case(CASES[0], check_buckets, cluster, a)
-            statuses[CASES[1]] = _case(CASES[1], check_splits, cluster, "inductor", b)
+            statuses[gloo[0]] = _case(gloo[0], check_buckets, cluster, a)
+            statuses[gloo[1]] = _case(gloo[1], check_splits, cluster, "inductor", b)
+            statuses[gloo[2]] = _case(gloo[2], check_precision_fsdp2, cluster, c)
+            if args.cpu:
+                statuses[gloo[3]] = "SKIP"
+                print(
+                    f"SKIP {gloo[3]}: --cpu: DDP native mixed precision records CUDA events "
+                    "(on CPU its first forward fails: cpu backend doesn't support events)",
+                    flush=True,
+                )
+            else:
+                statuses[gloo[3]] = _case(gloo[3], check_precision_ddp, cluster, d)
     except Exception as err:  # the cluster itself did not start (or stop)
-        for name in CASES[:2]:
+        for name in gloo:
             if name not in statuses:
                 statuses[name] = "FAIL"
                 print(f"FAIL {name}: 2 ranks over gloo on {device}: {_error(err)}", flush=True)
+    nccl_case = CASES[4]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus < 2:
         print(
-            f"SKIP {CASES[2]}: {gpus} CUDA device(s) visible; NCCL needs one GPU per rank (2)",
+            f"SKIP {nccl_case}: {gpus} CUDA device(s) visible; NCCL needs one GPU per rank (2)",
             flush=True,
         )
     else:
         try:
             with ish.Cluster(2, backend="nccl", device="cuda", **SETTINGS) as nccl:
-                statuses[CASES[2]] = _case(CASES[2], _nccl, nccl, c)
+                statuses[nccl_case] = _case(nccl_case, _nccl, nccl, e)
         except Exception as err:
-            if CASES[2] not in statuses:
-                statuses[CASES[2]] = "FAIL"
-                print(f"FAIL {CASES[2]}: 2 ranks over NCCL: {_error(err)}", flush=True)
+            if nccl_case not in statuses:
+                statuses[nccl_case] = "FAIL"
+                print(f"FAIL {nccl_case}: 2 ranks over NCCL: {_error(err)}", flush=True)
     return 1 if "FAIL" in statuses.values() else 0
 
 

@@ -12,7 +12,13 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
-CASES = ["gloo-shared-gpu-buckets", "gloo-shared-gpu-splits-inductor", "nccl-gpu-per-rank"]
+CASES = [
+    "gloo-shared-gpu-buckets",
+    "gloo-shared-gpu-splits-inductor",
+    "gloo-shared-gpu-precision-fsdp2",
+    "gloo-shared-gpu-precision-ddp",
+    "nccl-gpu-per-rank",
+]
 
 
 def test_gpu_check_skips_every_case_without_cuda() -> None:

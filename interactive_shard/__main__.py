@@ -11,7 +11,9 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m interactive_shard")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a small DDP model on 2 CPU ranks, write a report")
+    demo = sub.add_parser(
+        "demo", help="a 2-rank CPU tour (DDP, torch.compile, FSDP2 mixed precision), write a report"
+    )
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder")
     demo.add_argument("--steps", type=int, default=30, help="training steps")
     report = sub.add_parser("report", help="turn a recording (run.jsonl) into an HTML report")

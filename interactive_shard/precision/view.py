@@ -204,7 +204,7 @@ class PrecisionView(live.LazyWidget):
             items.append(
                 f"<li><b style='color:{LEVEL_COLORS['planned']}'>predicted failure</b> at "
                 f"<b>{html.escape(_name(p.unit))}</b>, in <code>{html.escape(p.consumer)}</code>:"
-                f" {html.escape(p.message)}<br><i>fix</i>: "
+                f" {html.escape(p.message).replace(chr(10), '<br>')}<br><i>fix</i>: "
                 f"{html.escape(getattr(p, 'fix_note', '') or '')} <code>"
                 f"{html.escape(fix_text(getattr(p, 'fix', None)))}</code></li>"
             )

@@ -28,6 +28,7 @@ from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWat
 from interactive_shard.buckets.plan import ParamSpec, plan_buckets
 from interactive_shard.precision.events import (
     Policy,
+    PrecisionBatch,
     PrecisionCollective,
     PrecisionFailure,
     PrecisionSeen,
@@ -586,7 +587,7 @@ class _Failed(Exception):
 @dataclass
 class FakePrecision:
     """Settings of a fake mixed-precision run; ``events()`` returns every rank's events as
-    the precision probe emits them: the watch, then per iteration each unit's input
+    the precision probe emits them: the watch, then per iteration one batch of each unit's input
     (cast or passed through), parameter and output dtypes and its all-gather in forward,
     its parameter, gradient, reduce-scatter (DDP: all-reduce) and sharded-gradient dtypes
     in backward, and the sharded parameters at the optimizer step. The dtypes follow
@@ -658,10 +659,15 @@ class FakePrecision:
                 records.append((it, failed.failure))
                 break
             self._backward(it, records)
-        return [
-            Event(r.KIND, rank, it, self.t0 + 1e-3 * i, msgspec.to_builtins(r))
-            for i, (it, r) in enumerate(records)
-        ]
+        out = [_event(records[0][1], rank, 0, self.t0)]
+        for it in range(1, self.iterations + 1):  # as the probe: a batch per iteration
+            mine = [r for i, r in records if i == it]
+            batched = [r for r in mine if not isinstance(r, PrecisionFailure)]
+            if batched:
+                out.append(precision_batch(batched, rank=rank, step=it, t=self.t0 + it))
+            failures = [r for r in mine if isinstance(r, PrecisionFailure)]
+            out += [_event(r, rank, it, self.t0 + it + 1e-3) for r in failures]
+        return out
 
     def _seen(self, it: int, u: FakeUnit, phase: Any, dtype: str, **kw: Any) -> Any:
         dtype = self.alter.get((u.fqn, phase), dtype)
@@ -735,6 +741,25 @@ class FakePrecision:
                 reduce = u.policy.reduce_dtype or self.compute(u)
                 self._once(records, it, u, "sharded_param", u.dtype)
                 self._once(records, it, u, "sharded_grad", reduce if keep else u.dtype)
+
+
+def precision_batch(
+    records: list[PrecisionSeen | PrecisionCollective],
+    *,
+    rank: int = 0,
+    step: int = 1,
+    t: float = 1.0,
+) -> Event:
+    """The ``precision_batch`` event holding ``records`` (in order), as the probe sends it."""
+    batch = PrecisionBatch(
+        seen=[r for r in records if isinstance(r, PrecisionSeen)],
+        collectives=[r for r in records if isinstance(r, PrecisionCollective)],
+    )
+    return _event(batch, rank, step, t)
+
+
+def _event(record: Any, rank: int, step: int, t: float) -> Event:
+    return Event(record.KIND, rank, step, t, msgspec.to_builtins(record))
 
 
 def _itemsize(dtype: str) -> int:

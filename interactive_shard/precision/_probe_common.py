@@ -24,6 +24,7 @@ from torch.nn.utils.rnn import PackedSequence
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from interactive_shard.precision.events import (
+    PrecisionBatch,
     PrecisionCollective,
     PrecisionFailure,
     PrecisionSeen,
@@ -38,6 +39,7 @@ _task_id = torch._C._current_graph_task_id  # -1 outside backward
 _CALL_IMPL = nn.Module._call_impl.__code__
 _FIRST_ONLY = frozenset({"input", "output"})  # a unit's first call per iteration
 MAX_MESSAGE_CHARS = 2000
+SEND_AT = 1024  # records held before a batch goes out early (a very wide model)
 
 
 def in_backward() -> bool:
@@ -131,9 +133,13 @@ class Recorder:
         self.module_unit = module_unit
         self.iteration = 0
         self.attached = True
-        self.emitted = 0
+        self.emitted = 0  # events; records travel in batches (Note [Precision probe])
+        self.recorded = 0
         self._seen: dict[tuple[str, str], tuple[int, list[str]]] = {}
-        self._undo: list[Callable[[], None]] = []
+        self._held: list[PrecisionSeen] = []
+        self._held_collectives: list[PrecisionCollective] = []
+        self._hold_lock = threading.Lock()  # autograd hooks may run on other threads
+        self._undo: list[Callable[[], None]] = [telemetry.before_flush(self.send)]
         self._watch = PrecisionWatch(wrapper=self.wrapper, world_size=world_size, units=units)  # type: ignore[arg-type]
         self._announced_in = current_run()
         self._emit(self._watch)
@@ -147,6 +153,7 @@ class Recorder:
         """Remove every hook and patch; the model works on exactly as before."""
         if not self.attached:
             return
+        self.send()
         self.attached = False
         undo, self._undo = self._undo, []
         for fn in reversed(undo):
@@ -166,6 +173,7 @@ class Recorder:
         """A forward of the watched root (not one recomputed in backward) began."""
         if in_backward() or not self.attached:
             return
+        self.send()
         self.iteration += 1
         run = current_run()
         if run != self._announced_in:  # watched in one cluster.run, trained in the next
@@ -200,30 +208,45 @@ class Recorder:
         elif phase not in _FIRST_ONLY and not dtypes:
             return
         self._seen[key] = (it, dtypes)
-        self._emit(
-            PrecisionSeen(
-                iteration=it,
-                unit=unit,
-                phase=phase,  # type: ignore[arg-type]
-                dtypes=dtypes,
-                before=before or [],
-                cast=cast or [],
-            )
+        record = PrecisionSeen(
+            iteration=it,
+            unit=unit,
+            phase=phase,  # type: ignore[arg-type]
+            dtypes=dtypes,
+            before=before or [],
+            cast=cast or [],
         )
+        with self._hold_lock:
+            self._held.append(record)
+            full = len(self._held) >= SEND_AT
+        if full:
+            self.send()
 
     def collective(self, unit: str, op: str, sent: torch.Tensor) -> None:
         if self.iteration < 1 or not self.attached:
             return
-        self._emit(
-            PrecisionCollective(
-                iteration=self.iteration,
-                unit=unit,
-                op=op,  # type: ignore[arg-type]
-                dtype=str(sent.dtype),
-                nbytes=sent.numel() * sent.element_size(),
-                backward=in_backward(),
-            )
+        record = PrecisionCollective(
+            iteration=self.iteration,
+            unit=unit,
+            op=op,  # type: ignore[arg-type]
+            dtype=str(sent.dtype),
+            nbytes=sent.numel() * sent.element_size(),
+            backward=in_backward(),
         )
+        with self._hold_lock:
+            self._held_collectives.append(record)
+            full = len(self._held_collectives) >= SEND_AT
+        if full:
+            self.send()
+
+    def send(self) -> None:
+        """Emit the records held so far as one ``precision_batch`` (nothing if none)."""
+        with self._hold_lock:
+            seen, self._held = self._held, []
+            collectives, self._held_collectives = self._held_collectives, []
+        if seen or collectives:
+            self.recorded += len(seen) + len(collectives)
+            self._emit(PrecisionBatch(seen=seen, collectives=collectives))
 
     def inputs(self, unit: str, before: list[torch.Tensor], after: list[torch.Tensor]) -> None:
         """The input phase from the floating inputs before and after the unit's cast."""
@@ -264,6 +287,8 @@ class Recorder:
             self.seen(unit, "sharded_param", distinct(p.dtype for p in params))
             grads = [p.grad for p in params if p.grad is not None]
             self.seen(unit, "sharded_grad", distinct(g.dtype for g in grads))
+        if cached[1]:
+            self.send()  # the iteration's last records
 
     # -- a failed forward --------------------------------------------------------------------
     def after_root_forward(self, module: nn.Module, output: Any) -> None:
@@ -280,6 +305,7 @@ class Recorder:
         message = f"{type(exc).__name__}: {exc}"
         if len(message) > MAX_MESSAGE_CHARS:
             message = message[: MAX_MESSAGE_CHARS - 3] + "..."
+        self.send()
         self._emit(
             PrecisionFailure(
                 iteration=max(self.iteration, 1),

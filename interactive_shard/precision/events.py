@@ -5,7 +5,9 @@ root, an FSDP1 root or a DDP model with ``mixed_precision=``), read in the kerne
 ``interactive_shard.precision.model.PrecisionModel``. Dtypes travel as strings
 (``"torch.bfloat16"``). An iteration is one forward of the watched root (1 = the first
 after ``ish.watch``); what its backward and the optimizer step that follows show is
-reported under the same iteration.
+reported under the same iteration. The probe batches what it sees: one
+``precision_batch`` event per iteration (and at a failure, a flush or detach) holds the
+iteration's ``PrecisionSeen`` and ``PrecisionCollective`` records in the order seen.
 """
 
 # docs/events.md is written from this file (tools/gen_event_docs.py). No torch here:
@@ -40,6 +42,7 @@ PHASES: tuple[str, ...] = (
 )
 Iteration = Annotated[int, Meta(ge=1, description="forwards of the watched root (1 = the first)")]
 Bytes = Annotated[int, Meta(ge=0)]
+MAX_BATCH = 4096  # records of one kind per precision_batch; the probe sends at 1024
 
 
 class Policy(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
@@ -83,8 +86,6 @@ class PrecisionWatch(msgspec.Struct, kw_only=True, frozen=True):
 class PrecisionSeen(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """What one unit showed in one phase of one iteration, on the real run."""
 
-    KIND: ClassVar[str] = "precision"
-
     iteration: Iteration
     unit: Annotated[str, Meta(description="the unit's fqn")]
     phase: Annotated[Phase, Meta(description="see the phases above")]
@@ -108,8 +109,6 @@ class PrecisionCollective(msgspec.Struct, kw_only=True, frozen=True):
     """One collective a unit issued: an all-gather of its parameters, or the reduction of
     its gradients (its ``reduce`` phase)."""
 
-    KIND: ClassVar[str] = "precision_collective"
-
     iteration: Iteration
     unit: Annotated[str, Meta(description="the unit's fqn")]
     op: Annotated[
@@ -119,6 +118,23 @@ class PrecisionCollective(msgspec.Struct, kw_only=True, frozen=True):
     dtype: Annotated[str, Meta(description="the dtype of the buffer it sent")]
     nbytes: Annotated[Bytes, Meta(description="bytes this rank sent")]
     backward: Annotated[bool, Meta(description="issued during backward")] = False
+
+
+class PrecisionBatch(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """What the probe saw since its previous batch, in the order seen: sent when the next
+    forward begins, after the optimizer step reads the sharded state, before a
+    ``precision_failure``, when the rank flushes its channel, and at detach. One event
+    per iteration instead of one per record: the kernel's cost is per event."""
+
+    KIND: ClassVar[str] = "precision_batch"
+
+    seen: Annotated[
+        list[PrecisionSeen], Meta(max_length=MAX_BATCH, description="phases seen, in order")
+    ] = []
+    collectives: Annotated[
+        list[PrecisionCollective],
+        Meta(max_length=MAX_BATCH, description="collectives issued, in order"),
+    ] = []
 
 
 class PrecisionFailure(msgspec.Struct, kw_only=True, frozen=True):
@@ -135,7 +151,6 @@ class PrecisionFailure(msgspec.Struct, kw_only=True, frozen=True):
 
 EVENTS = (
     PrecisionWatch,
-    PrecisionSeen,
-    PrecisionCollective,
+    PrecisionBatch,
     PrecisionFailure,
 )  # in docs/events.md, in this order

@@ -32,6 +32,7 @@ from interactive_shard.precision.analysis import (
 )
 from interactive_shard.precision.compare import Comparison, Plan, compare_rank, joined
 from interactive_shard.precision.events import (
+    PrecisionBatch,
     PrecisionCollective,
     PrecisionFailure,
     PrecisionSeen,
@@ -121,18 +122,26 @@ class PrecisionModel(ShowsView):
             here.watch = record
             here.units = {u.fqn: u for u in record.units}
             return
+        if isinstance(record, PrecisionBatch):
+            if not all(s.phase != "input" or aligned(s) for s in record.seen):
+                raise Malformed("input: dtypes, before and cast differ in length")
+            for seen in record.seen:
+                self._record(rank, here, seen)
+            for collective in record.collectives:
+                self._record(rank, here, collective)
+        else:
+            self._record(rank, here, ObservedFailure(**msgspec.structs.asdict(record), rank=rank))
+
+    def _record(self, rank: int, here: _Rank, record: Any) -> None:
         it = record.iteration
         if isinstance(record, PrecisionSeen):
-            if record.phase == "input" and not aligned(record):
-                raise Malformed("input: dtypes, before and cast differ in length")
             here.seen.setdefault(it, {}).setdefault(record.unit, []).append(record)
             if record.phase == "output":
                 here.outputs.setdefault(it, []).append((record.unit, record.dtypes))
         elif isinstance(record, PrecisionCollective):
             here.collectives.setdefault(it, {}).setdefault(record.unit, []).append(record)
         else:
-            failure = ObservedFailure(**msgspec.structs.asdict(record), rank=rank)
-            here.failures.append(failure)
+            here.failures.append(record)
         here.iterations.add(it)
         here.latest = max(here.latest, it)
         if record.unit not in here.units and record.unit not in here.unknown:
@@ -323,7 +332,6 @@ class PrecisionModel(ShowsView):
 _EMPTY = _Rank()
 _DECODE: dict[str, type[Any]] = {
     PrecisionWatch.KIND: PrecisionWatch,
-    PrecisionSeen.KIND: PrecisionSeen,
-    PrecisionCollective.KIND: PrecisionCollective,
+    PrecisionBatch.KIND: PrecisionBatch,
     PrecisionFailure.KIND: PrecisionFailure,
 }

@@ -45,7 +45,7 @@ Algorithm (``attach``):
    FSDP1 at ``_runtime_utils._post_backward_hook`` entry (FSDP binds that module global
    into a partial at every forward: patched while a probe is attached), DDP from a
    post-accumulate-grad hook per parameter.
-6. Collectives (``precision_collective``, the buffer this rank sends): FSDP2 wraps each
+6. Collectives (the buffer this rank sends): FSDP2 wraps each
    group's ``_all_gather_comm`` / ``_reduce_scatter_comm`` in a delegating comm (exact
    per unit, whichever torch function the comm calls), and HSDP's ``dist.all_reduce``
    through a stand-in for ``_fsdp_collectives.dist``. FSDP1 replaces the ``dist`` global
@@ -62,14 +62,21 @@ Algorithm (``attach``):
    ``keep_low_precision_grads``, DDP's swap back), and it costs nothing in backward.
 8. A failed forward: the root's forward hook is ``always_call``; on the exception path
    it walks the traceback's ``Module._call_impl`` frames: the innermost module is the
-   consumer, the innermost unit holding it the unit (``precision_failure``). Everything
-   is emitted as it is seen, so what came before the failure is kept.
+   consumer, the innermost unit holding it the unit (``precision_failure``); what was
+   seen before the failure goes out first.
 
-A phase is emitted once per unit and iteration, and again only when it shows a new
-dtype (the event then lists all seen so far; ``input``/``output``: the first call).
+A phase is recorded once per unit and iteration, and again only when it shows a new
+dtype (the record then lists all seen so far; ``input``/``output``: the first call).
 Per unit and iteration that is at most: input, param, output, grad, sharded_param,
-sharded_grad, plus one event per collective (FSDP2: an all-gather in forward, one in
-backward for non-root units, a reduce-scatter).
+sharded_grad, plus one record per collective (FSDP2: an all-gather in forward, one in
+backward for non-root units, a reduce-scatter). Records are held and sent as one
+``precision_batch`` when the iteration ends (the optimizer step pre-hook, or the next
+forward), before a failure, at an explicit flush (``ctx.flush()``, the run's end:
+``telemetry.rank.before_flush``) and at detach. One event instead of one per record
+(92 per step on the 11-unit benchmark): the kernel's cost is per event, and on a
+machine whose cores the ranks use it is taken from their step
+(``benchmarks/bench_precision_probe.py``). A rank killed mid-iteration loses that
+iteration's records.
 
 Caveats:
 
@@ -130,7 +137,7 @@ def attach(model: nn.Module) -> Recorder:
     ``ish.watch(model)`` calls this on every rank, after wrapping, before the first
     forward to record: an FSDP2 root (``fully_shard(model)``, after its children), an
     FSDP1 root or a ``DistributedDataParallel(..., mixed_precision=...)``. Events:
-    ``precision_watch`` now, then ``precision``, ``precision_collective`` and, when a
+    ``precision_watch`` now, then a ``precision_batch`` per iteration and, when a
     forward fails, ``precision_failure``.
     """
     earlier = getattr(model, "_ish_precision_probe", None)

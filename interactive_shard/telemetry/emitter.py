@@ -14,6 +14,8 @@ import operator
 import struct
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -35,6 +37,34 @@ SEND_TIMEOUT_S = 5.0  # longest a rank waits for a collector that takes nothing
 CLOSE_LINGER_S = 5.0  # at close, how long queued events may take to leave
 SEND_QUEUE_BATCHES = 1000  # batches ZeroMQ queues on the rank before a send waits
 _monotonic = time.monotonic  # emit is a hot path: one lookup less
+
+# Bound methods run by every explicit Emitter.flush() (ctx.flush(), a run's end, close;
+# not the timed flushes) before it sends, held weakly: a probe that batches its records
+# (the precision probe) emits what it holds, so a flush delivers everything seen so far.
+_FLUSH_HOOKS: dict[int, weakref.WeakMethod[Callable[[], None]]] = {}  # id(ref) -> ref
+
+
+def before_flush(method: Callable[[], None]) -> Callable[[], None]:
+    """Run the bound ``method`` at every ``Emitter.flush()`` (weakly held: its object may
+    be collected); returns the callable that unregisters it."""
+    ref = weakref.WeakMethod(method, _forget)
+    _FLUSH_HOOKS[id(ref)] = ref
+    return lambda: _forget(ref)
+
+
+def _forget(ref: weakref.ref[Any]) -> None:
+    _FLUSH_HOOKS.pop(id(ref), None)  # dict operations are atomic: no lock (GC calls this)
+
+
+def _run_flush_hooks() -> None:
+    for ref in list(_FLUSH_HOOKS.values()):
+        method = ref()
+        if method is None:
+            continue
+        try:
+            method()
+        except Exception:  # a probe bug must not lose the events already buffered
+            log.exception("a flush hook failed: %r", method)
 
 
 class Emitter:
@@ -113,6 +143,7 @@ class Emitter:
             self._step = 0
 
     def flush(self, *, final: bool = False) -> None:
+        _run_flush_hooks()  # outside the lock: the hooks emit
         with self._lock:
             self._send_locked(final=final)
 
@@ -178,7 +209,8 @@ class Emitter:
             time.sleep(self._interval)
             if self._buffer:
                 try:
-                    self.flush()
+                    with self._lock:  # not flush(): its hooks are for explicit flushes
+                        self._send_locked(final=False)
                 except Exception:  # never let the flusher die; emit would block later
                     log.exception("telemetry: rank %d: flushing events failed", self.rank)
 

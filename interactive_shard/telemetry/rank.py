@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from interactive_shard.telemetry.emitter import Emitter
+from interactive_shard.telemetry.emitter import Emitter, before_flush
+
+__all__ = ["before_flush", "close", "connect", "connect_from_env", "emit", "emitter"]
 
 _emitter: Emitter | None = None
 

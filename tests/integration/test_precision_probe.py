@@ -25,7 +25,7 @@ from torch.nn.parallel.distributed import _MixedPrecision
 
 import interactive_shard as ish
 from interactive_shard.precision.events import (
-    PrecisionCollective,
+    PrecisionBatch,
     PrecisionFailure,
     PrecisionSeen,
     PrecisionWatch,
@@ -112,10 +112,14 @@ def _decoded(run: ish.Run, rank: int, struct: Any) -> list[Any]:
     ]
 
 
+def _batched(run: ish.Run, rank: int, key: str) -> list[Any]:
+    return [r for b in _decoded(run, rank, PrecisionBatch) for r in getattr(b, key)]
+
+
 def _seen(run: ish.Run, rank: int = 0, iteration: int = 1) -> dict[tuple[str, str], PrecisionSeen]:
     """(unit, phase) -> the last record (it lists every dtype seen so far)."""
     found: dict[tuple[str, str], PrecisionSeen] = {}
-    for s in _decoded(run, rank, PrecisionSeen):
+    for s in _batched(run, rank, "seen"):
         if s.iteration == iteration:
             found[(s.unit, s.phase)] = s
     return found
@@ -124,7 +128,7 @@ def _seen(run: ish.Run, rank: int = 0, iteration: int = 1) -> dict[tuple[str, st
 def _collectives(run: ish.Run, rank: int = 0, iteration: int = 1) -> list[tuple[Any, ...]]:
     return [
         (c.unit, c.op, c.dtype, c.nbytes, c.backward)
-        for c in _decoded(run, rank, PrecisionCollective)
+        for c in _batched(run, rank, "collectives")
         if c.iteration == iteration
     ]
 
@@ -193,8 +197,9 @@ def test_fsdp2_uniform_bf16(cluster: ish.Cluster) -> None:
                 ]
             )
         assert _decoded(run, rank, PrecisionFailure) == []
-    # Six records per unit and iteration (and eight collectives per iteration).
-    assert len([e for e in run.store.of_kind(PrecisionSeen.KIND) if e.rank == 0]) == 2 * 18
+    # Six records per unit and iteration and eight collectives, in one batch per iteration.
+    batches = _decoded(run, 0, PrecisionBatch)
+    assert [(len(b.seen), len(b.collectives)) for b in batches] == [(18, 8), (18, 8)]
     _matches_plan(run, _model(), _units((MP(param_dtype=bf16),) * 3))
     assert run.precision.cast_inputs("", rank=1, iteration=2) == [True]
     assert run.precision.cast_inputs("2", rank=1, iteration=2) == [False]
@@ -331,6 +336,25 @@ def test_fsdp2_reduce_dtype_float32_under_bfloat16(cluster: ish.Cluster) -> None
         assert {c[2] for c in collectives if c[1] == "all_gather"} == {BF16}
         assert all(_dtypes(seen, u)["grad"] == [BF16] for u in ("", "1", "2"))
         assert all(_dtypes(seen, u)["sharded_grad"] == [FP32] for u in ("", "1", "2"))
+
+
+def _no_step(ctx: Any) -> int:
+    # Forward and backward without an optimizer: no step ends the iteration, so its
+    # records leave at the run's end (the worker's flush), not at a next forward.
+    model = _fsdp2((MP(param_dtype=bf16),) * 3)
+    watch = ish.watch(model)
+    model(torch.randn(4, 8)).sum().backward()
+    return watch.probes["precision"].emitted  # the watch only: the batch is still held
+
+
+def test_fsdp2_records_held_at_the_runs_end_arrive(cluster: ish.Cluster) -> None:
+    run = cluster.run(_no_step)
+    assert run.results == [1, 1]
+    for rank in range(2):
+        (batch,) = _decoded(run, rank, PrecisionBatch)
+        assert {s.iteration for s in batch.seen} == {1} and len(batch.collectives) == 8
+        assert run.precision.observed("1", rank=rank)["grad"] == BF16
+        assert "sharded_grad" not in run.precision.observed("1", rank=rank)
 
 
 def _hsdp(ctx: Any) -> None:

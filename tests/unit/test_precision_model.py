@@ -27,6 +27,7 @@ from interactive_shard.testing import (
     fsdp2_policy,
     mp_net,
     payload_types,
+    precision_batch,
 )
 
 F32, BF16, F16 = "torch.float32", "torch.bfloat16", "torch.float16"
@@ -174,7 +175,7 @@ def test_a_phase_that_saw_two_dtypes_is_joined_and_differs_from_one() -> None:
     m = model_of(UNIFORM)
     events = FakePrecision(mp_net(UNIFORM)).events()
     extra = PrecisionSeen(iteration=1, unit="1", phase="param", dtypes=[BF16, F32])
-    store = make_store([*events, Event(extra.KIND, 0, 1, 2e3, msgspec.to_builtins(extra))])
+    store = make_store([*events, precision_batch([extra], t=2e3)])
     two = PrecisionModel(store)
     assert two.observed("1")["param"] == f"{BF16}, {F32}"
     assert short(two.observed("1")["param"]) == "bf16+fp32"
@@ -298,19 +299,15 @@ def test_malformed_events_are_skipped_and_counted() -> None:
     watch = msgspec.to_builtins(FakePrecision(mp_net(UNIFORM)).watch())
     orphan = {**watch, "units": [{**watch["units"][1], "parent": "nowhere"}]}
     bad = [
-        Event("precision", 0, 1, 1.0, {"iteration": 1, "unit": "1"}),  # no phase, no dtypes
-        Event(
-            "precision", 0, 1, 1.0, {"iteration": 0, "unit": "1", "phase": "param", "dtypes": []}
+        batch({"iteration": 1, "unit": "1"}),  # no phase, no dtypes
+        batch({"iteration": 0, "unit": "1", "phase": "param", "dtypes": []}),
+        batch({"iteration": 1, "unit": "1", "phase": "flux", "dtypes": []}),
+        batch(  # input lists of different lengths
+            {"iteration": 1, "unit": "1", "phase": "input", "dtypes": [F32], "cast": [True, False]}
         ),
-        Event("precision", 0, 1, 1.0, {"iteration": 1, "unit": "1", "phase": "flux", "dtypes": []}),
-        Event(  # input lists of different lengths
-            "precision",
-            0,
-            1,
-            1.0,
-            {"iteration": 1, "unit": "1", "phase": "input", "dtypes": [F32], "cast": [True, False]},
-        ),
-        Event("precision_collective", 0, 1, 1.0, {"iteration": 1, "unit": "1", "op": "send"}),
+        batch({"iteration": 1, "unit": "1", "op": "send"}, key="collectives"),
+        batch(*[{"iteration": 1, "unit": "1", "phase": "param", "dtypes": [F32]}] * 4097),
+        Event("precision_batch", 0, 1, 1.0, {"seen": {"iteration": 1}}),  # not a list
         Event("precision_failure", 0, 1, 1.0, {"iteration": 1, "unit": 3}),
         Event("precision_watch", 1, 0, 1.0, orphan),
     ]
@@ -320,14 +317,19 @@ def test_malformed_events_are_skipped_and_counted() -> None:
     assert payload_types(PrecisionWatch)["units"] is list
 
 
+def batch(*records: dict[str, object], key: str = "seen") -> Event:
+    return Event("precision_batch", 0, 1, 1.0, {key: list(records)})
+
+
 def test_updates_are_incremental_and_revision_counts_changes() -> None:
     events = FakePrecision(mp_net(FAILING)).events()
-    store = make_store(events[:10])
+    assert [e.kind for e in events[:4]] == ["precision_watch"] * 2 + ["precision_batch"] * 2
+    store = make_store(events[:4])
     m = PrecisionModel(store)
     assert m.update() and m.revision == 1
     assert not m.update() and m.revision == 1
     assert m.failures == [] and not [f for f in m.findings if f.kind == "failure"]
-    store.extend(events[10:])
+    store.extend(events[4:])
     assert m.update() and m.revision == 2
     whole = model_of(FAILING)
     assert m.findings == whole.findings and len(m.failures) == 2
@@ -345,7 +347,7 @@ def test_watching_again_starts_the_rank_over() -> None:
 
 def test_units_reported_but_not_in_the_watch_are_listed() -> None:
     lone = PrecisionSeen(iteration=1, unit="ghost", phase="param", dtypes=[F32])
-    m = PrecisionModel(make_store([Event(lone.KIND, 0, 1, 1.0, msgspec.to_builtins(lone))]))
+    m = PrecisionModel(make_store([precision_batch([lone])]))
     [ghost] = m.units()
     assert ghost.fqn == "ghost" and ghost.module_type == "?"
     assert m.observed("ghost") == {"param": F32} and m.bytes_held() == []

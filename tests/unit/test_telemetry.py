@@ -11,6 +11,7 @@ import zmq
 from support import make_store
 
 from interactive_shard.telemetry import Collector, Emitter, Event, PayloadError
+from interactive_shard.telemetry.rank import before_flush
 from interactive_shard.telemetry.schema import SCHEMA_VERSION, Batch, decode_batch, encode_batch
 
 
@@ -51,6 +52,46 @@ def test_emitter_to_collector_delivers_everything_in_order() -> None:
         values = [e.payload["value"] for b in received for e in b.events]
         assert values == list(range(5000))
         assert all(b.rank == 1 for b in received)
+    finally:
+        emitter.close()
+        collector.close()
+
+
+class _Holder:
+    """A probe that holds records until an explicit flush (as the precision probe)."""
+
+    def __init__(self, emitter: Emitter, fail: bool = False) -> None:
+        self.emitter, self.fail, self.held = emitter, fail, [1, 2]
+
+    def send(self) -> None:
+        if self.fail:
+            raise RuntimeError("a probe bug")
+        for value in self.held:
+            self.emitter.emit("scalar", {"name": "held", "value": value})
+        self.held = []
+
+
+def test_explicit_flushes_run_the_hooks_timed_flushes_do_not() -> None:
+    received: list[Batch] = []
+    collector = Collector(received.append)
+    emitter = Emitter(collector.address, collector.token, rank=0, flush_interval=0.005)
+    holder, broken = _Holder(emitter), _Holder(emitter, fail=True)
+    remove = before_flush(holder.send)
+    before_flush(broken.send)  # raises: logged, the flush goes on
+    collected = _Holder(emitter)
+    before_flush(collected.send)
+    del collected  # held weakly: gone with its object
+    try:
+        emitter.emit("scalar", {"name": "x", "value": 0})
+        _wait_for(lambda: len(received) == 1)  # the timed flush: no hook ran
+        assert holder.held == [1, 2]
+        emitter.flush()
+        remove()
+        holder.held = [3]
+        emitter.flush(final=True)
+        _wait_for(lambda: any(b.final for b in received))
+        values = [e.payload["value"] for b in received for e in b.events]
+        assert values == [0, 1, 2] and holder.held == [3]
     finally:
         emitter.close()
         collector.close()

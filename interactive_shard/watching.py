@@ -50,12 +50,18 @@ def _probes() -> list[tuple[Feature, ModuleType]]:
     return [(f, load(f.probe)) for f in FEATURES if f.probe]
 
 
+def _declined(probes: list[tuple[Feature, ModuleType]], option: str, value: Any) -> bool:
+    """``timeline=False``: an opt-in switched off, consumed here."""
+    return not value and any(getattr(p, "OPT_IN", None) == option for _, p in probes)
+
+
 def watch(obj: object, **options: Any) -> Watch:
     """Attach every probe that applies to ``obj`` on this rank; see each feature's probe.
 
     Call it on every rank, after wrapping (``DistributedDataParallel(model)``), before
     the first step to record. Options go to the probes that declare them, e.g.
-    ``comm_hook=``, ``state=``, ``checksum=`` of the DDP bucket probe.
+    ``comm_hook=``, ``state=``, ``checksum=`` of the DDP bucket probe; ``timeline=True``
+    (with ``depth=``) adds the timeline probe.
     """
     probes = _probes()
     known = {name: f.name for f, p in probes for name in p.OPTIONS}
@@ -65,7 +71,13 @@ def watch(obj: object, **options: Any) -> Watch:
             f"ish.watch got unknown option(s) {unknown}; it takes "
             f"{', '.join(f'{o} ({f})' for o, f in sorted(known.items()))}"
         )
-    fitting = [(f, p) for f, p in probes if p.fits(obj)]
+    # A probe with OPT_IN (the timeline's "timeline") attaches only when asked for.
+    fitting = [
+        (f, p)
+        for f, p in probes
+        if p.fits(obj) and (not getattr(p, "OPT_IN", None) or options.get(p.OPT_IN))
+    ]
+    options = {k: v for k, v in options.items() if not _declined(probes, k, v)}
     if not fitting:
         what = "; ".join(f"{f.name}: {p.WATCHES}" for f, p in probes)
         raise TypeError(
@@ -74,6 +86,10 @@ def watch(obj: object, **options: Any) -> Watch:
         )
     taken = {name for _, p in fitting for name in p.OPTIONS}
     stray = sorted(set(options) - taken)
+    opt_in = {o: p.OPT_IN for _, p in probes if getattr(p, "OPT_IN", None) for o in p.OPTIONS}
+    if stray and all(o in opt_in for o in stray):
+        switches = sorted({f"{opt_in[o]}=True" for o in stray})
+        raise TypeError(f"ish.watch: option(s) {stray} need {' and '.join(switches)}")
     if stray:
         raise TypeError(
             f"ish.watch: option(s) {stray} belong to the {sorted({known[o] for o in stray})} "

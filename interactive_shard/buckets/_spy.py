@@ -56,7 +56,7 @@ class SpyGroup(dist.ProcessGroup):
     def __init__(self, inner: dist.ProcessGroup, on_launch: Callable[[Launch], None]) -> None:
         super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg]  # no store: a wrapper
         self.inner = inner
-        self._on_launch = on_launch
+        self.listeners = [on_launch]  # the bucket probe, a timeline probe: one spy for both
         # Collectives not overridden here dispatch to these: the real backends.
         for device in ("cpu", "cuda"):
             try:
@@ -76,7 +76,8 @@ class SpyGroup(dist.ProcessGroup):
             fut = work.get_future()
             launch = Launch(start, tensor.numel(), tensor.element_size(), fut)
             launch.noted = fut.then(launch.note_end)
-            self._on_launch(launch)
+            for listener in list(self.listeners):
+                listener(launch)
         return work
 
     def getBackendName(self) -> str:
@@ -94,7 +95,12 @@ def _backend_type(backend: Any) -> Any:
 
 
 def attach(ddp: Any, on_launch: Callable[[Launch], None]) -> SpyGroup | None:
-    """Put a spy in front of DDP's process group; None where this torch cannot."""
+    """Put a spy in front of DDP's process group (or join the one already there); None
+    where this torch cannot."""
+    present = ddp.__dict__.get("_ish_spy")
+    if isinstance(present, SpyGroup):
+        present.listeners.append(on_launch)
+        return present
     reducer = getattr(ddp, "reducer", None)
     needed = ("_update_process_group", "_get_zeros_like_grad_buckets")
     if reducer is None or not all(hasattr(reducer, n) for n in needed):
@@ -110,11 +116,17 @@ def attach(ddp: Any, on_launch: Callable[[Launch], None]) -> SpyGroup | None:
     except Exception:  # older or different torch: the comm hook path still works
         log.debug("process-group spy unavailable; using a comm hook", exc_info=True)
         return None
+    ddp.__dict__["_ish_spy"] = spy
     return spy
 
 
-def detach(ddp: Any, spy: SpyGroup) -> None:
-    ddp.reducer._update_process_group(spy.inner)
+def detach(ddp: Any, spy: SpyGroup, on_launch: Callable[[Launch], None]) -> None:
+    """Stop telling ``on_launch``; the last listener gives DDP its process group back."""
+    if on_launch in spy.listeners:
+        spy.listeners.remove(on_launch)
+    if not spy.listeners:
+        ddp.reducer._update_process_group(spy.inner)
+        ddp.__dict__.pop("_ish_spy", None)
 
 
 def layout(ddp: Any) -> list[list[torch.nn.Parameter]]:

@@ -241,7 +241,7 @@ class Probe:
         reducing exactly as before; every other hook is removed."""
         self.phase = Phase.DETACHED
         if self._spy is not None:
-            _spy.detach(self.ddp, self._spy)
+            _spy.detach(self.ddp, self._spy, self._on_launch)
         handles, self._forward_handles = self._forward_handles, []
         if not self._track_views:  # else the built-in scaling still needs them (step 1)
             handles += self._grad_handles

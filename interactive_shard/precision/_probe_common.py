@@ -404,18 +404,20 @@ class DistProxy:
     def __init__(self, real: ModuleType, names: Iterable[str]) -> None:
         self._real = real
         for name in names:
-            fn = getattr(real, name, None)
-            if fn is not None:
+            if getattr(real, name, None) is not None:
                 op, pick = COLLECTIVES[name]
-                setattr(self, name, _spying(fn, op, pick))
+                setattr(self, name, _spying(real, name, op, pick))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
 
 def _spying(
-    fn: Callable[..., Any], op: str, pick: Callable[[tuple[Any, ...], dict[str, Any]], Any]
+    real: ModuleType, name: str, op: str, pick: Callable[[tuple[Any, ...], dict[str, Any]], Any]
 ) -> Callable[..., Any]:
+    """Looked up at call time: another probe's wrapper of ``dist.<name>`` (the timeline's)
+    installed after this one still runs."""
+
     def call(*args: Any, **kwargs: Any) -> Any:
         scope = SCOPE.current
         if scope is not None:
@@ -426,7 +428,7 @@ def _spying(
                     recorder.collective(unit, op, sent)
                 except Exception:  # pragma: no cover
                     log.exception("precision probe: recording a collective failed")
-        return fn(*args, **kwargs)
+        return getattr(real, name)(*args, **kwargs)
 
     return call
 

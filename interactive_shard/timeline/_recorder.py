@@ -1,0 +1,204 @@
+"""The timeline probe's state on one rank: the iteration, the spans, their batches.
+
+See Note [Timeline probe] in ``probe.py``. Hooks call ``add`` (a finished span) or
+``open`` (a collective whose end a future will note); ``send`` emits what finished as one
+``timeline_spans`` event per iteration.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import torch
+
+from interactive_shard.telemetry import rank as telemetry
+from interactive_shard.timeline.events import Span, TimelineSpans, TimelineWatch
+
+log = logging.getLogger(__name__)
+clock = time.monotonic
+SEND_AT = 4096  # spans held before a batch goes out early
+_task_id = torch._C._current_graph_task_id  # -1 outside backward
+
+
+def in_backward() -> bool:
+    return _task_id() != -1
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A hook that never breaks the user's step: a probe bug is logged once, not raised."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception:  # pragma: no cover - a bug in the probe, not in the user's model
+            if not getattr(call, "_logged", False):
+                call._logged = True  # type: ignore[attr-defined]
+                log.exception("timeline probe: %s failed; it records less from now on", fn)
+            return None
+
+    return call
+
+
+class _Open:
+    """A collective still running: its span is finished by its future's callback."""
+
+    __slots__ = ("detail", "end", "iteration", "name", "noted", "start", "work")
+
+    def __init__(self, iteration: int, name: str, start: float, detail: dict[str, Any]) -> None:
+        self.iteration, self.name, self.start, self.detail = iteration, name, start, detail
+        self.end: float | None = None
+        self.work: Any = None
+        self.noted: Any = None
+
+    def note_end(self, _fut: Any) -> None:
+        self.end = clock()
+
+
+class Recorder:
+    """One watched model on one rank. Subclass-free: ``probe.attach`` installs the hooks
+    and appends their undo callables to ``undo``."""
+
+    def __init__(self, target: str, depth: int | None, modules: list[str]) -> None:
+        self.target = target
+        self.iteration = 0
+        self.attached = True
+        self.emitted = 0  # events sent (batches and the watch)
+        self.recorded = 0  # spans sent
+        self.undo: list[Callable[[], None]] = [telemetry.before_flush(self.send)]
+        self._done: list[tuple[int, Span]] = []
+        self._open: list[_Open] = []
+        self._lock = threading.Lock()
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        self._watch = TimelineWatch(
+            target=target,  # type: ignore[arg-type]
+            depth=depth,
+            modules=modules,
+            world_size=world,
+            host=socket.gethostname(),
+        )
+        self._announced_in = _current_run()
+        self._emit(self._watch)
+
+    def __repr__(self) -> str:
+        state = "attached" if self.attached else "detached"
+        return (
+            f"TimelineProbe({self.target}, {len(self._watch.modules)} modules, "
+            f"iteration={self.iteration}, {state})"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def begin_forward(self) -> None:
+        """A forward of the watched model (not one recomputed in backward) began."""
+        if in_backward() or not self.attached:
+            return
+        self.send()
+        self.iteration += 1
+        run = _current_run()
+        if run != self._announced_in:  # watched in one cluster.run, trained in the next
+            self._announced_in = run
+            self._emit(self._watch)
+
+    def detach(self) -> None:
+        """Remove every hook and patch; the model works on exactly as before."""
+        if not self.attached:
+            return
+        self.send()
+        self.attached = False
+        undo, self.undo = self.undo, []
+        for fn in reversed(undo):
+            try:
+                fn()
+            except Exception:  # pragma: no cover
+                log.exception("timeline probe: undoing %s failed", fn)
+
+    def current(self) -> bool:
+        """Whether process-wide things (collectives, optimizer steps) are this model's: it
+        ran a forward in the current ``cluster.run`` (a model watched in an earlier run
+        and never detached does not record the next run's)."""
+        return self.attached and self.iteration >= 1 and self._announced_in == _current_run()
+
+    # -- recording ---------------------------------------------------------------------------
+    def add(
+        self, kind: str, name: str, start: float, end: float, detail: dict[str, Any] | None = None
+    ) -> None:
+        """A finished span of the current iteration."""
+        self.add_at(self.iteration, kind, name, start, end, detail)
+
+    def add_at(
+        self,
+        iteration: int,
+        kind: str,
+        name: str,
+        start: float,
+        end: float,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """A finished span of ``iteration`` (a backward span, timed after its forward)."""
+        if iteration < 1 or not self.attached:
+            return
+        span = Span(kind=kind, name=name, start=start, end=end, detail=detail or {})  # type: ignore[arg-type]
+        with self._lock:
+            self._done.append((iteration, span))
+            full = len(self._done) >= SEND_AT
+        if full:
+            self.send()
+
+    def collective(
+        self, op: str, start: float, end: float | None, detail: dict[str, Any], work: Any
+    ) -> None:
+        """A collective (``_collectives.Listener``): finished (``end``) or still running."""
+        if not self.current():
+            return
+        detail = {"op": op, **detail, "backward": in_backward()}
+        if end is not None:
+            self.add("collective", op, start, end, detail)
+            return
+        entry = _Open(self.iteration, op, start, detail)
+        fut = work.get_future() if hasattr(work, "get_future") else work
+        entry.work = fut
+        entry.noted = fut.then(entry.note_end)
+        with self._lock:
+            self._open.append(entry)
+
+    def send(self) -> None:
+        """Emit the finished spans, one ``timeline_spans`` per iteration."""
+        with self._lock:
+            done, self._done = self._done, []
+            still: list[_Open] = []
+            for entry in self._open:
+                if entry.end is None and entry.work.done() and entry.noted is not None:
+                    entry.noted.wait()  # lets the end-time callback run (it needs the GIL)
+                if entry.end is None:
+                    still.append(entry)
+                else:
+                    span = Span(
+                        kind="collective",
+                        name=entry.name,
+                        start=entry.start,
+                        end=max(entry.end, entry.start),
+                        detail=entry.detail,
+                    )
+                    done.append((entry.iteration, span))
+            self._open = still
+        by_iteration: dict[int, list[Span]] = {}
+        for it, span in done:
+            by_iteration.setdefault(it, []).append(span)
+        for it, spans in sorted(by_iteration.items()):
+            spans.sort(key=lambda s: s.end)
+            self.recorded += len(spans)
+            self._emit(TimelineSpans(iteration=it, spans=spans))
+
+    def _emit(self, event: msgspec.Struct) -> None:
+        self.emitted += 1
+        telemetry.emit(event.KIND, msgspec.to_builtins(event))  # type: ignore[attr-defined]
+
+
+def _current_run() -> int | None:
+    emitter = telemetry.emitter()
+    return None if emitter is None else emitter.run

@@ -1,0 +1,142 @@
+"""Pure plotly figures of a ``TimelineModel``'s overlap and collectives (with ``figures.py``).
+
+``figure_overlap``: per iteration and rank, the share of backward's collective time
+hidden under compute (the rest is exposed: the step waits for it). ``figure_collectives``:
+each collective of one iteration matched across ranks, every rank's arrival (its issue)
+after the first rank's; the last to arrive, the straggler, is ringed: everyone else
+waited for it.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+
+from interactive_shard.timeline.figures_lanes import fmt_bytes, fmt_ms
+from interactive_shard.timeline.model import TimelineModel
+from interactive_shard.ui.colors import rank_color
+
+__all__ = ["figure_collectives", "figure_overlap"]
+
+STRAGGLER = "#FF0000"  # pure red, as the other features' differences (not a rank colour)
+
+
+def figure_overlap(model: TimelineModel) -> go.Figure:
+    """The backward overlap of every iteration on every rank, in percent."""
+    ranks = model.ranks
+    if not ranks or not model.iterations():
+        return go.Figure(layout={"title": {"text": "No iterations yet"}, "height": 200})
+    fig = go.Figure()
+    for r in ranks:
+        its = model.iterations(r)
+        shares = [model.overlap(r, it) for it in its]
+        exposed = [model.exposed(r, it) for it in its]
+        fig.add_trace(
+            go.Bar(
+                name=f"rank {r}",
+                x=its,
+                y=[100 * s if s is not None and math.isfinite(s) else None for s in shares],
+                marker={"color": rank_color(r)},
+                hovertext=[
+                    f"rank {r} · iteration {it}<br>backward overlap "
+                    + (f"{s:.0%}" if s is not None and math.isfinite(s) else "—")
+                    + f"<br>exposed {fmt_ms(e or 0.0)}"
+                    for it, s, e in zip(its, shares, exposed, strict=True)
+                ],
+                hoverinfo="text",
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        title={
+            "text": "Backward overlap per iteration<br><sup>share of the collectives' time "
+            "during backward hidden under compute; the rest is exposed</sup>"
+        },
+        xaxis={"title": {"text": "iteration"}, "dtick": 1},
+        yaxis={"title": {"text": "overlap"}, "range": [0, 100], "ticksuffix": "%"},
+        height=320,
+        margin={"t": 80, "b": 50},
+    )
+    return fig
+
+
+def figure_collectives(model: TimelineModel, iteration: int | None = None) -> go.Figure:
+    """Every matched collective of ``iteration`` (None: the latest): each rank's arrival
+    in ms after the first arrival, the straggler ringed, wait times in the hover."""
+    it = iteration if iteration is not None else model.latest()
+    found = model.collectives(it) if it is not None else []
+    if not found:
+        return go.Figure(
+            layout={"title": {"text": "No collectives matched across ranks yet"}, "height": 200}
+        )
+    labels = [f"{c.index}: {c.op} {fmt_bytes(float(c.nbytes))}" for c in found]
+    per_rank: dict[int, dict[str, list[Any]]] = {}
+    ring: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
+    for label, c in zip(labels, found, strict=True):
+        starts, ends, waited = c.starts, c.ends, c.waited
+        first = min(starts.values())
+        # A tie (nobody waited) has no straggler worth ringing.
+        late = c.straggler if max(waited.values(), default=0.0) > 0 else None
+        for r, start in sorted(starts.items()):
+            lag = (start - first) * 1e3
+            text = (
+                f"<b>{html.escape(c.op)}</b> #{c.index} · {fmt_bytes(float(c.nbytes))} · group "
+                f"{html.escape(str(c.group))}<br>rank {r} arrived {lag:.3f} ms after the first"
+                f"<br>waited {fmt_ms(waited.get(r, 0.0))} for the last"
+                + (f" · took {fmt_ms(ends[r] - start)}" if r in ends else "")
+                + (" · <b>straggler</b>" if r == late else "")
+            )
+            mine = per_rank.setdefault(r, {"x": [], "y": [], "text": []})
+            mine["x"].append(label)
+            mine["y"].append(lag)
+            mine["text"].append(text)
+            if r == late:
+                ring["x"].append(label)
+                ring["y"].append(lag)
+                ring["text"].append(text)
+    fig = go.Figure()
+    for r, pts in sorted(per_rank.items()):
+        fig.add_trace(
+            go.Scatter(
+                name=f"rank {r}",
+                mode="markers",
+                x=pts["x"],
+                y=pts["y"],
+                marker={"color": rank_color(r), "size": 9},
+                hovertext=pts["text"],
+                hoverinfo="text",
+            )
+        )
+    if ring["x"]:
+        fig.add_trace(
+            go.Scatter(
+                name="straggler (the others waited)",
+                mode="markers",
+                x=ring["x"],
+                y=ring["y"],
+                marker={
+                    "color": "rgba(0,0,0,0)",
+                    "size": 17,
+                    "line": {"color": STRAGGLER, "width": 2},
+                },
+                hovertext=ring["text"],
+                hoverinfo="text",
+            )
+        )
+    most = max((w for c in found for w in c.waited.values()), default=0.0)
+    fig.update_layout(
+        title={
+            "text": f"Collectives · iteration {it} · {len(found)} matched across ranks · "
+            f"longest wait {fmt_ms(most)}<br><sup>arrival: when a rank issued it, after the "
+            "first rank did; the ringed rank arrived last</sup>"
+        },
+        xaxis={"title": {"text": "collective (in issue order)"}, "type": "category"},
+        yaxis={"title": {"text": "ms after the first arrival"}, "rangemode": "tozero"},
+        height=360,
+        margin={"t": 80, "b": 60},
+        hovermode="closest",
+    )
+    return fig

@@ -116,6 +116,15 @@ FEATURES: tuple[Feature, ...] = (
         events="interactive_shard.precision.events:EVENTS",
         probe="interactive_shard.precision.probe",
     ),
+    Feature(
+        name="timeline",
+        title="Hook order and overlap timeline",
+        model="interactive_shard.timeline.model:TimelineModel",
+        view="interactive_shard.timeline.view:TimelineView",
+        figures="interactive_shard.timeline.figures:report_figures",
+        events="interactive_shard.timeline.events:EVENTS",
+        probe="interactive_shard.timeline.probe",
+    ),
 )
 
 

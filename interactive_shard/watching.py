@@ -78,6 +78,11 @@ def watch(obj: object, **options: Any) -> Watch:
         if p.fits(obj) and (not getattr(p, "OPT_IN", None) or options.get(p.OPT_IN))
     ]
     options = {k: v for k, v in options.items() if not _declined(probes, k, v)}
+    opt_in = {o: p.OPT_IN for _, p in probes if getattr(p, "OPT_IN", None) for o in p.OPTIONS}
+    off = sorted(o for o in options if o in opt_in and not options.get(opt_in[o]))
+    if off:
+        switches = sorted({f"{opt_in[o]}=True" for o in off})
+        raise TypeError(f"ish.watch: option(s) {off} need {' and '.join(switches)}")
     if not fitting:
         what = "; ".join(f"{f.name}: {p.WATCHES}" for f, p in probes)
         raise TypeError(
@@ -86,10 +91,6 @@ def watch(obj: object, **options: Any) -> Watch:
         )
     taken = {name for _, p in fitting for name in p.OPTIONS}
     stray = sorted(set(options) - taken)
-    opt_in = {o: p.OPT_IN for _, p in probes if getattr(p, "OPT_IN", None) for o in p.OPTIONS}
-    if stray and all(o in opt_in for o in stray):
-        switches = sorted({f"{opt_in[o]}=True" for o in stray})
-        raise TypeError(f"ish.watch: option(s) {stray} need {' and '.join(switches)}")
     if stray:
         raise TypeError(
             f"ish.watch: option(s) {stray} belong to the {sorted({known[o] for o in stray})} "

@@ -59,7 +59,7 @@ class TimelineWatch(msgspec.Struct, kw_only=True, frozen=True):
         Meta(description="module depth spanned (null: the default, the units)"),
     ]
     modules: Annotated[list[str], Meta(description="fqns of the modules spanned, in order")]
-    world_size: Annotated[int, Meta(ge=1)]
+    world_size: Annotated[int, Meta(ge=1, description="ranks in the default process group")]
     host: Annotated[str, Meta(description="the rank's host name: one clock per host")]
 
 
@@ -82,7 +82,7 @@ class TimelineSpans(msgspec.Struct, kw_only=True, frozen=True):
     KIND: ClassVar[str] = "timeline_spans"
 
     iteration: Iteration
-    spans: Annotated[list[Span], Meta(max_length=MAX_SPANS)]
+    spans: Annotated[list[Span], Meta(max_length=MAX_SPANS, description="in the order they ended")]
 
 
 EVENTS = (TimelineWatch, TimelineSpans)  # in docs/events.md, in this order

@@ -3,7 +3,9 @@
 The tour trains a small DDP model eagerly (the bucket map: what DDP's buckets hold and
 when each is reduced), then a few more steps through ``torch.compile`` of the same DDP
 model (the graph splits: where DDPOptimizer cut it, and how the pieces compare with
-DDP's runtime buckets). ``ish.watch`` on the compiled model watches both. Last, on the
+DDP's runtime buckets, and the compiled steps' timeline: each piece's backward, the
+hooks and the bucket all-reduces on one time axis). ``ish.watch`` on the compiled model
+watches all three. Last, on the
 same ranks and in the same run, a few steps of a narrow copy of the model under FSDP2
 with a bfloat16 policy that reduces in float32, every block a unit of its own (the
 mixed-precision view: each unit's dtype per phase, planned in the kernel by
@@ -98,8 +100,10 @@ def train(
     compiled = torch.compile(ddp, backend=BACKEND)
     # Watching the compiled model watches the DDP model inside it too: the bucket map
     # (what DDP's buckets hold and when each is reduced) of every step, eager or
-    # compiled, and the graph splits of the compile.
-    ish.watch(compiled)
+    # compiled, the graph splits of the compile, and (timeline=True) the compiled
+    # steps' timeline: each piece's compiled backward, DDP's gradient-ready hooks and
+    # bucket all-reduces on one time axis.
+    ish.watch(compiled, timeline=True)
     opt = torch.optim.Adam(ddp.parameters(), lr=3e-3)
     # Watched before its first forward: each unit's dtypes in every phase (the view
     # counts iterations from the first FSDP2 forward).

@@ -92,6 +92,7 @@ def install(model: nn.Module, depth: int | None) -> Recorder:
     target = target_of(model)
     modules = spanned(model, target, depth)
     rec = Recorder(target, depth, [name for name, _ in modules])
+    rec.params = {id(p) for p in model.parameters()}
     try:
         _root(rec, model, compiled=target == "compiled")
         for name, m in modules:
@@ -356,10 +357,20 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     _step_starts[id(optimizer)] = clock()
 
 
+def _steps_watched(optimizer: Any, rec: Recorder) -> bool:
+    """Whether ``optimizer`` steps any of ``rec``'s parameters (cached per optimizer)."""
+    key = (id(rec), sum(len(g["params"]) for g in optimizer.param_groups))
+    cache: dict[Any, bool] = optimizer.__dict__.setdefault("_ish_timeline_steps", {})
+    if key not in cache:
+        cache[key] = any(id(p) in rec.params for g in optimizer.param_groups for p in g["params"])
+    return cache[key]
+
+
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     start = _step_starts.pop(id(optimizer), None)
     end = clock()
     for rec in list(_STEPPING):
-        if start is not None and rec.current():
+        if start is not None and rec.current() and _steps_watched(optimizer, rec):
             rec.add("optimizer", type(optimizer).__name__, start, end)
+            rec.closed = True
             rec.send()

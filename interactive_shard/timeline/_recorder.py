@@ -83,6 +83,8 @@ class Recorder:
             host=socket.gethostname(),
         )
         self._announced_in = _current_run()
+        self.params: set[int] = set()  # ids of the watched parameters (set by _install)
+        self.closed = False  # the iteration's optimizer step is over (Note, step 6)
         self._emit(self._watch)
 
     def __repr__(self) -> str:
@@ -99,6 +101,7 @@ class Recorder:
             return
         self.send()
         self.iteration += 1
+        self.closed = False
         run = _current_run()
         if run != self._announced_in:  # watched in one cluster.run, trained in the next
             self._announced_in = run
@@ -118,10 +121,17 @@ class Recorder:
                 log.exception("timeline probe: undoing %s failed", fn)
 
     def current(self) -> bool:
-        """Whether process-wide things (collectives, optimizer steps) are this model's: it
-        ran a forward in the current ``cluster.run`` (a model watched in an earlier run
-        and never detached does not record the next run's)."""
-        return self.attached and self.iteration >= 1 and self._announced_in == _current_run()
+        """Whether process-wide things (collectives) are this model's: its iteration is
+        open (a forward began in the current ``cluster.run`` and its optimizer step has
+        not ended). A model watched in an earlier run and never detached does not
+        record the next run's, nor does a model record another one's collectives
+        between its step and its next forward."""
+        return (
+            self.attached
+            and self.iteration >= 1
+            and not self.closed
+            and self._announced_in == _current_run()
+        )
 
     # -- recording ---------------------------------------------------------------------------
     def add(

@@ -32,7 +32,9 @@ def test_demo_report_renders_offline(browser: BrowserContext, tmp_path: Path) ->
         plots.first.wait_for(timeout=30_000)
         # Scalars, bucket map of iteration 1 and of the latest, timeline, health table.
         assert plots.count() >= 5
-        assert "DDP gradient buckets" in page.inner_text("body")
+        body = page.inner_text("body")
+        for section in ("DDP gradient buckets", "graph splits", "Mixed precision", "timeline"):
+            assert section in body, section
         SCREENSHOTS.mkdir(exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "demo-report.png"), full_page=True)
     finally:

@@ -20,6 +20,10 @@ Cases (each on real ranks started by ``ish.Cluster``):
   (``DDP(mixed_precision=_MixedPrecision(param_dtype=float16))``, which fails on CPU:
   it records CUDA events): output float16, parameters and gradients float32 after
   backward, every phase as planned; SKIP with ``--cpu``;
+* ``gloo-shared-gpu-timeline-fsdp2``: the same ranks, FSDP2 with one unit per block,
+  each block compiled (aot_eager), ``ish.watch(model, timeline=True)``: compute spans
+  timed with CUDA events (on the host clock through an anchor event), each unit's
+  compiled backward followed by its reduce-scatter in backward, on every rank;
 * ``nccl-gpu-per-rank``: 2 ranks over NCCL, one GPU each (bucket map and splits with
   aot_eager), where at least 2 GPUs are visible; else SKIP.
 
@@ -39,7 +43,7 @@ from typing import Any
 
 # Seconds from the start by which each case must be done (else it FAILs with a timeout):
 # the whole script stays under 4 minutes, inductor's cold compile gets the most.
-DEADLINES_S = (55.0, 165.0, 185.0, 200.0, 235.0)
+DEADLINES_S = (50.0, 150.0, 170.0, 185.0, 205.0, 235.0)
 MAX_DETAILS = 1000  # characters of a FAIL line's details
 STEPS = 4
 WIDTH, LAYERS, BATCH = 512, 4, 32
@@ -55,6 +59,7 @@ CASES = (
     "gloo-shared-gpu-splits-inductor",
     "gloo-shared-gpu-precision-fsdp2",
     "gloo-shared-gpu-precision-ddp",
+    "gloo-shared-gpu-timeline-fsdp2",
     "nccl-gpu-per-rank",
 )
 PRECISION_STEPS = 2  # the second iteration is compared: after an optimizer step
@@ -367,6 +372,60 @@ def check_precision_fsdp2(cluster: Any, deadline: float) -> tuple[str, str]:
     )
 
 
+def _timeline_fsdp2(ctx: Any) -> dict[str, Any]:
+    """Three compiled blocks, each its own FSDP2 unit, watched with timeline=True."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import interactive_shard as ish
+    from interactive_shard.timeline.examples import Stack
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    model = Stack(blocks=3, width=256).to(ctx.device)
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+        block.compile(backend="aot_eager")
+    fully_shard(model, mesh=mesh)
+    watch = ish.watch(model, timeline=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        model(torch.randn(32, 256, device=ctx.device)).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    _sync(ctx)
+    probe = watch.probes["timeline"]
+    watch.detach()
+    return {"cuda_events": probe._anchor is not None, "device": ctx.device.type}
+
+
+def check_timeline_fsdp2(cluster: Any, deadline: float) -> tuple[str, str]:
+    run = _wait(cluster.run(_timeline_fsdp2, wait=False), deadline)
+    if any(r["cuda_events"] != (r["device"] == "cuda") for r in run.results):
+        return "FAIL", f"CUDA events used for compute spans on CUDA only: {run.results}"
+    clock = "CUDA-event" if run.results[0]["cuda_events"] else "host-clock"
+    units = ["layers.2", "layers.1", "layers.0"]
+    expected = [x for unit in units for x in (unit, "reduce_scatter")]
+    kinds = ["compiled_backward", "collective"]
+    problems, overlaps = [], []
+    for rank in run.timeline.ranks:
+        order = run.timeline.order(rank=rank, iteration=3, phase="backward", kinds=kinds)
+        order = [n for n in order if n != "all_gather"]
+        if order != expected:
+            problems.append(f"rank {rank}: backward order {order}, expected {expected}")
+        spans = run.timeline.spans(rank=rank, iteration=3, kinds=["compiled_backward"])
+        if len(spans) != 3 or any(s.end < s.start for s in spans):
+            problems.append(f"rank {rank}: compiled backward spans {spans}")
+        overlaps.append(f"{run.timeline.overlap(rank=rank, iteration=3):.0%}")
+    if problems:
+        return "FAIL", " | ".join(problems)
+    return "PASS", (
+        f"3 compiled FSDP2 units, {clock} compute spans; backward order {expected} on "
+        f"every rank; backward overlap per rank {overlaps}"
+    )
+
+
 def check_precision_ddp(cluster: Any, deadline: float) -> tuple[str, str]:
     import torch
 
@@ -435,9 +494,9 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     device = "cpu" if args.cpu else "cuda"
-    a, b, c, d, e = (start + s for s in DEADLINES_S)
+    a, b, c, d, t, e = (start + s for s in DEADLINES_S)
     statuses: dict[str, str] = {}
-    gloo = CASES[:4]
+    gloo = CASES[:5]
     try:
         with ish.Cluster(2, backend="gloo", device=device, **SETTINGS) as cluster:
             statuses[gloo[0]] = _case(gloo[0], check_buckets, cluster, a)
@@ -452,12 +511,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             else:
                 statuses[gloo[3]] = _case(gloo[3], check_precision_ddp, cluster, d)
+            statuses[gloo[4]] = _case(gloo[4], check_timeline_fsdp2, cluster, t)
     except Exception as err:  # the cluster itself did not start (or stop)
         for name in gloo:
             if name not in statuses:
                 statuses[name] = "FAIL"
                 print(f"FAIL {name}: 2 ranks over gloo on {device}: {_error(err)}", flush=True)
-    nccl_case = CASES[4]
+    nccl_case = CASES[5]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus < 2:
         print(

@@ -95,13 +95,13 @@ def _inside(node: Any, above: int) -> bool:
 def time_span(
     nodes_start: list[Any],
     nodes_end: list[Any],
-    clock: Callable[[], float],
-    done: Callable[[float, float], None],
+    clock: Callable[[], Any],
+    done: Callable[[Any, Any], None],
 ) -> None:
     """Call ``done(start, end)`` once the last of ``nodes_end`` ran in backward, where
     start is when the first of ``nodes_start`` began. The hooks live as long as the
     graph (autograd frees them with it); they read the clock, nothing else."""
-    started: list[float] = []
+    started: list[Any] = []
     left = [len(nodes_end)]
 
     def began(grad_outputs: Any) -> None:

@@ -92,7 +92,10 @@ def install(model: nn.Module, depth: int | None) -> Recorder:
     target = target_of(model)
     modules = spanned(model, target, depth)
     rec = Recorder(target, depth, [name for name, _ in modules])
-    rec.params = {id(p) for p in model.parameters()}
+    params = list(model.parameters())
+    rec.params = {id(p) for p in params}
+    if params and params[0].device.type == "cuda":
+        rec.use_cuda_events(params[0].device)
     try:
         _root(rec, model, compiled=target == "compiled")
         for name, m in modules:
@@ -122,14 +125,14 @@ def _root(rec: Recorder, model: nn.Module, *, compiled: bool) -> None:
         if in_backward():
             return
         rec.begin_forward()
-        starts.append((clock(), _graph.boundary(args, kwargs), rec.iteration))
+        starts.append((rec.stamp(), _graph.boundary(args, kwargs), rec.iteration))
 
     def post(m: nn.Module, args: Any, output: Any) -> None:
         if in_backward() or not starts:
             return
         start, above, it = starts.pop()
         kind = "compiled_forward" if compiled else "forward"
-        rec.add(kind, "", start, clock())
+        rec.add(kind, "", start, rec.stamp())
         if compiled and output is not None and torch.is_grad_enabled():
             _time_compiled(rec, "", output, above, it)
 
@@ -142,7 +145,7 @@ def _eager(rec: Recorder, name: str, m: nn.Module) -> None:
     calls: list[list[Any]] = []  # [start, above, iteration] per call in progress
 
     def first(mod: nn.Module, args: Any) -> None:
-        calls.append([clock(), -1, rec.iteration])
+        calls.append([rec.stamp(), -1, rec.iteration])
 
     def last(mod: nn.Module, args: Any, kwargs: Any) -> None:
         if calls:  # after FSDP's pre-forward: its nodes are outside the call (Note, 2)
@@ -153,13 +156,16 @@ def _eager(rec: Recorder, name: str, m: nn.Module) -> None:
             return
         start, above, it = calls.pop()
         recompute = in_backward()
-        rec.add("forward", name, start, clock(), {"recompute": True} if recompute else None)
+        rec.add("forward", name, start, rec.stamp(), {"recompute": True} if recompute else None)
         if recompute or output is None or not torch.is_grad_enabled():
             return
         found = _graph.walk(output, above)
         if found is not None:
             _graph.time_span(
-                found.tops, found.sinks, clock, lambda s, e: rec.add_at(it, "backward", name, s, e)
+                found.tops,
+                found.sinks,
+                rec.stamp,
+                lambda s, e: rec.add_at(it, "backward", name, s, e),
             )
 
     handles = [
@@ -176,9 +182,9 @@ def _compiled_region(rec: Recorder, name: str, m: nn.Module) -> None:
     def call(*args: Any, **kwargs: Any) -> Any:
         if not rec.attached or in_backward():
             return original(*args, **kwargs)
-        start, above, it = clock(), _graph.boundary(args, kwargs), rec.iteration
+        start, above, it = rec.stamp(), _graph.boundary(args, kwargs), rec.iteration
         out = original(*args, **kwargs)
-        rec.add("compiled_forward", name, start, clock())
+        rec.add("compiled_forward", name, start, rec.stamp())
         if torch.is_grad_enabled():
             guarded(_time_compiled)(rec, name, out, above, it)
         return out
@@ -201,10 +207,10 @@ def _time_compiled(rec: Recorder, name: str, output: Any, above: int, it: int) -
     for k, node in enumerate(found.compiled):
         span = f"{label}#{k}" if many or not name else label
 
-        def done(s: float, e: float, span: str = span) -> None:
+        def done(s: Any, e: Any, span: str = span) -> None:
             rec.add_at(it, "compiled_backward", span, s, e)
 
-        _graph.time_span([node], [node], clock, done)
+        _graph.time_span([node], [node], rec.stamp, done)
 
 
 _USER_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")

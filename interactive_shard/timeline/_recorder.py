@@ -73,6 +73,9 @@ class Recorder:
         self.undo: list[Callable[[], None]] = [telemetry.before_flush(self.send)]
         self._done: list[tuple[int, Span]] = []
         self._open: list[_Open] = []
+        self._timed: list[tuple[int, str, str, Any, Any, dict[str, Any]]] = []  # CUDA events
+        self._anchor: tuple[Any, float] | None = None  # (event, host time) on the device
+        self.stamp: Callable[[], Any] = clock  # compute spans' clock: see use_cuda_events
         self._lock = threading.Lock()
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self._watch = TimelineWatch(
@@ -133,9 +136,31 @@ class Recorder:
             and self._announced_in == _current_run()
         )
 
+    def use_cuda_events(self, device: Any) -> None:
+        """Time compute spans on ``device`` with CUDA events: a hook runs when the work
+        is queued, the event when the GPU gets there. One event recorded at a known host
+        time (after a synchronize) anchors them on the host clock."""
+        with torch.cuda.device(device):
+            torch.cuda.synchronize()
+            anchor = torch.cuda.Event(enable_timing=True)
+            anchor.record()
+            anchor.synchronize()
+            self._anchor = (anchor, clock())
+
+        def stamp() -> Any:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+
+        self.stamp = stamp
+
+    def _host_time(self, event: Any) -> float:
+        anchor, t = self._anchor  # type: ignore[misc]
+        return t + anchor.elapsed_time(event) / 1e3
+
     # -- recording ---------------------------------------------------------------------------
     def add(
-        self, kind: str, name: str, start: float, end: float, detail: dict[str, Any] | None = None
+        self, kind: str, name: str, start: Any, end: Any, detail: dict[str, Any] | None = None
     ) -> None:
         """A finished span of the current iteration."""
         self.add_at(self.iteration, kind, name, start, end, detail)
@@ -145,12 +170,16 @@ class Recorder:
         iteration: int,
         kind: str,
         name: str,
-        start: float,
-        end: float,
+        start: Any,
+        end: Any,
         detail: dict[str, Any] | None = None,
     ) -> None:
         """A finished span of ``iteration`` (a backward span, timed after its forward)."""
         if iteration < 1 or not self.attached:
+            return
+        if not isinstance(end, float):  # CUDA events: resolved once the GPU got there
+            with self._lock:
+                self._timed.append((iteration, kind, name, start, end, detail or {}))
             return
         span = Span(kind=kind, name=name, start=start, end=end, detail=detail or {})  # type: ignore[arg-type]
         with self._lock:
@@ -196,6 +225,15 @@ class Recorder:
                     )
                     done.append((entry.iteration, span))
             self._open = still
+            waiting = []
+            for it, kind, name, start, end, detail in self._timed:
+                if not end.query():
+                    waiting.append((it, kind, name, start, end, detail))
+                    continue
+                s, e = self._host_time(start), self._host_time(end)
+                span = Span(kind=kind, name=name, start=s, end=max(e, s), detail=detail)  # type: ignore[arg-type]
+                done.append((it, span))
+            self._timed = waiting
         by_iteration: dict[int, list[Span]] = {}
         for it, span in done:
             by_iteration.setdefault(it, []).append(span)

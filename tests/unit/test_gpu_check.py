@@ -17,6 +17,7 @@ CASES = [
     "gloo-shared-gpu-splits-inductor",
     "gloo-shared-gpu-precision-fsdp2",
     "gloo-shared-gpu-precision-ddp",
+    "gloo-shared-gpu-timeline-fsdp2",
     "nccl-gpu-per-rank",
 ]
 

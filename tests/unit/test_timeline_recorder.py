@@ -1,0 +1,57 @@
+"""The timeline recorder's batching and its CUDA-event path (resolved on the host clock
+once the GPU got there), with stand-in events: this machine has no GPU; the GPU check
+(``benchmarks/gpu_check.py``, case ``gloo-shared-gpu-timeline-fsdp2``) runs it for real."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from interactive_shard.timeline._recorder import Recorder
+from interactive_shard.timeline.events import TimelineSpans
+
+
+class StandInEvent:
+    """``torch.cuda.Event``'s two methods the recorder reads."""
+
+    def __init__(self, ms: float, done: bool = True) -> None:
+        self.ms, self.done = ms, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, other: StandInEvent) -> float:
+        return other.ms - self.ms
+
+
+def recorder() -> tuple[Recorder, list[Any]]:
+    rec = Recorder("module", None, ["a"])
+    sent: list[Any] = []
+    rec._emit = sent.append  # type: ignore[method-assign]
+    rec.iteration = 1
+    return rec, sent
+
+
+def test_spans_go_out_one_batch_per_iteration_in_end_order() -> None:
+    rec, sent = recorder()
+    rec.add("forward", "a", 1.0, 3.0)
+    rec.add("hook", "h", 2.0, 2.0)
+    rec.add_at(2, "backward", "a", 4.0, 5.0)
+    rec.send()
+    assert [(b.iteration, [s.name for s in b.spans]) for b in sent] == [(1, ["h", "a"]), (2, ["a"])]
+    assert all(isinstance(b, TimelineSpans) for b in sent) and rec.recorded == 3
+    rec.send()
+    assert len(sent) == 2  # nothing held: nothing sent
+
+
+def test_cuda_event_spans_wait_for_the_gpu_then_land_on_the_host_clock() -> None:
+    rec, sent = recorder()
+    rec._anchor = (StandInEvent(0.0), 100.0)  # the anchor event was at host time 100 s
+    end = StandInEvent(7.5, done=False)
+    rec.add("backward", "a", StandInEvent(5.0), end)
+    rec.send()
+    assert sent == []  # the GPU has not got there yet: held
+    end.done = True
+    rec.send()
+    [span] = sent[0].spans
+    assert (span.kind, span.name) == ("backward", "a")
+    assert abs(span.start - 100.005) < 1e-9 and abs(span.end - 100.0075) < 1e-9

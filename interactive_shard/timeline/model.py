@@ -381,9 +381,7 @@ class TimelineModel(ShowsView):
         self._cache[key] = (stamp, value)
         return value
 
-    def versus(
-        self, other: TimelineModel, labels: tuple[str, str] = ("eager", "compiled")
-    ) -> Any:
+    def versus(self, other: TimelineModel, labels: tuple[str, str] = ("eager", "compiled")) -> Any:
         """This run and ``other`` (say eager and compiled) in one view, side by side,
         with a toggle for either alone: ``eager.timeline.versus(compiled.timeline)``."""
         view = features.feature_of_model(self).view  # the view module, as display loads it

@@ -98,6 +98,9 @@ def _start(cfg: WorkerConfig) -> Any:
     dist.init_process_group(
         cfg.backend, store=store, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout
     )
+    from interactive_shard.lifecycle import _ring
+
+    _ring.start()  # from here on: DDP's construction-time sync happens before ish.watch
     emitter = Emitter(cfg.telemetry_address, cfg.telemetry_token, cfg.rank)
     rank_channel.set_emitter(emitter)
     return RankContext(cfg.rank, cfg.world_size, cfg.device, cfg.backend, emitter)

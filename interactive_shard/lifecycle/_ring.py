@@ -32,8 +32,10 @@ DEPTH = 6  # frames above the torch.distributed call searched for a DDP method
 Record = tuple[str, int, str, str, float, "float | None", str, "int | None"]
 Subscriber = Callable[[Record], None]
 
-# DDP method code -> caller label; the nearest DDP frame above the call names it.
-_CALLERS: dict[Any, str] = {}
+# id(DDP method code) -> caller label; the nearest DDP frame above the call names it.
+# Keyed by id: hashing a code object hashes its bytecode and constants (microseconds);
+# the codes live as long as the DDP class, so their ids stay theirs.
+_CALLERS: dict[int, str] = {}
 for _name, _label in (
     ("__init__", "ddp_init"),
     ("_register_delay_all_reduce_hook", "ddp_init"),
@@ -47,7 +49,7 @@ for _name, _label in (
 ):
     _fn = getattr(DDP, _name, None)
     if _fn is not None:
-        _CALLERS[_fn.__code__] = _label
+        _CALLERS[id(_fn.__code__)] = _label
 
 
 @dataclass(eq=False)
@@ -119,7 +121,7 @@ class Recorder:
         for _ in range(DEPTH):
             if frame is None:
                 break
-            label = _CALLERS.get(frame.f_code)
+            label = _CALLERS.get(id(frame.f_code))
             if label is not None:
                 caller = label
                 this = frame.f_locals.get("self")  # only on DDP frames: rare

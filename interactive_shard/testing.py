@@ -24,7 +24,7 @@ import msgspec
 import msgspec.inspect as mi
 from msgspec.structs import asdict
 
-from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWatch
+from interactive_shard.buckets.events import BucketReduced, DdpDelayed, DdpIteration, DdpWatch
 from interactive_shard.buckets.plan import ParamSpec, plan_buckets
 from interactive_shard.precision.events import (
     Policy,
@@ -74,6 +74,7 @@ def _python_types(t: mi.Type) -> Any:
         mi.ListType: list,
         mi.VarTupleType: list,  # a tuple on this side, an array on the wire
         mi.DictType: dict,
+        mi.StructType: dict,  # a nested record is a map on the wire
     }
     for cls, python in simple.items():
         if isinstance(t, cls):
@@ -117,11 +118,13 @@ class FakeRun:
     compute_s: float = 0.010
     bytes_per_s: float = 1e9
     t0: float = 1000.0
+    delayed: list[str] = field(default_factory=list)  # delay_all_reduce_named_params
+    delay_hook: str | None = None  # param_to_hook_all_reduce
 
     def events(self) -> list[Event]:
-        fqns = [p.fqn for p in self.params]
+        fqns = [p.fqn for p in self.params if p.fqn not in self.delayed]
         order = self.ready_order or fqns[::-1]
-        order = [f for f in order if f not in self.unready]
+        order = [f for f in order if f not in self.unready and f not in self.delayed]
         plan = plan_buckets(
             [(p.fqn, ParamSpec(p.shape, p.dtype)) for p in self.params],
             bucket_cap_mb=self.bucket_cap_mb,
@@ -129,6 +132,8 @@ class FakeRun:
             find_unused_parameters=self.find_unused_parameters,
             static_graph=self.static_graph,
             ready_order=order + [f for f in fqns if f not in order],
+            delay_all_reduce_named_params=self.delayed or None,
+            param_to_hook_all_reduce=self.delay_hook,
         )
         events = [
             self._watch(rank, plan.bucket_cap_bytes, plan.first_bucket_cap_bytes)
@@ -175,12 +180,14 @@ class FakeRun:
         return sorted(events, key=lambda e: e.t)
 
     def _watch(self, rank: int, cap: int, first: int) -> Event:
+        reduced = [p for p in self.params if p.fqn not in self.delayed]
+        delayed = [p for p in self.params if p.fqn in self.delayed]
         watch = DdpWatch(
-            fqns=[p.fqn for p in self.params],
-            shapes=[tuple(p.shape) for p in self.params],
-            dtypes=[p.dtype for p in self.params],
-            modules=[p.module for p in self.params],
-            module_types=[p.module_type for p in self.params],
+            fqns=[p.fqn for p in reduced],
+            shapes=[tuple(p.shape) for p in reduced],
+            dtypes=[p.dtype for p in reduced],
+            modules=[p.module for p in reduced],
+            module_types=[p.module_type for p in reduced],
             bucket_cap_mb=self.bucket_cap_mb,
             bucket_cap_mb_list=self.bucket_cap_mb_list,
             bucket_bytes_cap=cap,
@@ -190,8 +197,18 @@ class FakeRun:
             world_size=self.world_size,
             user_hook=None,
             checksum="sampled",
+            delayed=None
+            if not delayed
+            else DdpDelayed(
+                fqns=[p.fqn for p in delayed],
+                shapes=[tuple(p.shape) for p in delayed],
+                dtypes=[p.dtype for p in delayed],
+                modules=[p.module for p in delayed],
+                module_types=[p.module_type for p in delayed],
+                hook=self.delay_hook,
+            ),
         )
-        return Event(watch.KIND, rank, 0, self.t0, asdict(watch))
+        return Event(watch.KIND, rank, 0, self.t0, msgspec.to_builtins(watch))
 
 
 # -- graph splits --------------------------------------------------------------------------

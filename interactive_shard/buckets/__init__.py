@@ -7,8 +7,17 @@ from interactive_shard.buckets.plan import (
     Bucket,
     BucketCaps,
     BucketPlan,
+    DelayedParams,
     ReadyOrderSource,
     plan_buckets,
 )
 
-__all__ = ["Bucket", "BucketCaps", "BucketPlan", "ParamSpec", "ReadyOrderSource", "plan_buckets"]
+__all__ = [
+    "Bucket",
+    "BucketCaps",
+    "BucketPlan",
+    "DelayedParams",
+    "ParamSpec",
+    "ReadyOrderSource",
+    "plan_buckets",
+]

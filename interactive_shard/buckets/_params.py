@@ -13,7 +13,7 @@ import functools
 import itertools
 import operator
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
@@ -96,10 +96,13 @@ def _tensor_info(fqn: str, t: torch.Tensor, sparse_grad: bool = False) -> ParamI
     )
 
 
-def collect_params(source: nn.Module | Iterable[tuple[str, Any]]) -> list[ParamInfo]:
-    """Parameters in the reducer's order, shared ones once, frozen ones left out."""
+def collect_params(
+    source: nn.Module | Iterable[tuple[str, Any]], ignore: Collection[str] = ()
+) -> list[ParamInfo]:
+    """Parameters in the reducer's order, shared ones once, frozen ones left out; of a
+    module, also those whose DDP key (``ddp_key``) is in ``ignore``."""
     if isinstance(source, nn.Module):
-        return [_tensor_info(r.fqn, r.param, r.sparse_grad) for r in reducer_params(source)]
+        return [_tensor_info(r.fqn, r.param, r.sparse_grad) for r in reducer_params(source, ignore)]
     infos: list[ParamInfo] = []
     seen_tensors: dict[int, str] = {}
     for pair in source:
@@ -141,19 +144,32 @@ class ReducerParam(NamedTuple):
         return isinstance(self.module, (nn.Embedding, nn.EmbeddingBag)) and bool(self.module.sparse)
 
 
-def reducer_params(model: nn.Module) -> list[ReducerParam]:
+def ddp_key(fqn: str) -> str:
+    """DDP's name for a parameter in ``parameters_to_ignore``: ``f"{module}.{name}"``, so
+    ``".pos"`` for a root parameter ``pos`` (``_build_params_for_reducer``)."""
+    return fqn if "." in fqn else f".{fqn}"
+
+
+def key_fqn(key: str) -> str:
+    """The fqn of a DDP key: ``"pos"`` for ``".pos"``."""
+    return key.removeprefix(".")
+
+
+def reducer_params(model: nn.Module, ignore: Collection[str] = ()) -> list[ReducerParam]:
     """The parameters DDP reduces, in the Reducer's order (the list index is the Reducer's
     parameter index): a mirror of ``DistributedDataParallel._build_params_for_reducer``.
 
     ``model`` is a DDP model (its ``parameters_to_ignore`` are the ones ignored) or the
     module to wrap (then those DDP would read from it: the names given to
     ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model``). Trainable
-    parameters only, a shared one once under its first name.
+    parameters only, a shared one once under its first name. ``ignore``: more DDP keys
+    to leave out (a DDP model's already has its ``delay_all_reduce_named_params``).
     """
     if isinstance(model, DistributedDataParallel):
         module, ignored = model.module, set(model.parameters_to_ignore)
     else:
         module, ignored = model, set(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
+    ignored.update(ignore)
     out: list[ReducerParam] = []
     seen: set[int] = set()
     for module_fqn, sub in module.named_modules():
@@ -171,7 +187,19 @@ def reducer_params(model: nn.Module) -> list[ReducerParam]:
     return out
 
 
-def observe_ready_order(model: nn.Module, example_inputs: tuple[Any, ...]) -> list[str]:
+def ddp_keys(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Every trainable parameter under each DDP key it has (a shared one under each)."""
+    return {
+        f"{module_fqn}.{name}": p
+        for module_fqn, sub in model.named_modules()
+        for name, p in sub.named_parameters(recurse=False)
+        if p.requires_grad
+    }
+
+
+def observe_ready_order(
+    model: nn.Module, example_inputs: tuple[Any, ...], ignore: Collection[str] = ()
+) -> list[str]:
     """Run forward + backward once on a deep copy; return fqns in gradient-ready order.
 
     A parameter is placed where its *last* gradient hook fired (one used in several
@@ -180,7 +208,7 @@ def observe_ready_order(model: nn.Module, example_inputs: tuple[Any, ...]) -> li
     and its CPU/CUDA RNG state are untouched.
     """
     replica = copy.deepcopy(model)
-    params = {r.fqn: r.param for r in reducer_params(replica)}
+    params = {r.fqn: r.param for r in reducer_params(replica, ignore)}
     last: dict[str, int] = {}
     tick = itertools.count()
 
@@ -220,14 +248,18 @@ def resolve_ready_order(
     example_inputs: tuple[Any, ...] | None,
     rebuilds: bool,
     static_graph: bool,
+    ignore: Collection[str] = (),
 ) -> tuple[list[str], ReadyOrderSource, list[str]]:
+    """The rebuild's ready order; ``ignore``: DDP keys of the delayed parameters, which
+    may be in a given ``ready_order`` (they are dropped: DDP does not record them)."""
     fqns = [p.fqn for p in params]
     if ready_order is not None and example_inputs is not None:
         raise ValueError("pass ready_order or example_inputs, not both")
     if ready_order is not None:
         if isinstance(ready_order, str) or not all(isinstance(f, str) for f in ready_order):
             raise TypeError(f"ready_order must be a list of fqn strings, got {ready_order!r:.80}")
-        given = list(ready_order)
+        left_out = {key_fqn(k) for k in ignore} - set(fqns)
+        given = [f for f in ready_order if f not in left_out]
         known, listed = set(fqns), set(given)
         problems = {
             "unknown": [f for f in dict.fromkeys(given) if f not in known],
@@ -250,7 +282,7 @@ def resolve_ready_order(
             "example_inputs must be a tuple of positional inputs, e.g. (x,); "
             f"got {type(example_inputs)!r}"
         )
-    seen = observe_ready_order(source, example_inputs)
+    seen = observe_ready_order(source, example_inputs, ignore)
     fired = set(seen)
     unused = [f for f in fqns if f not in fired]
     if unused and rebuilds and not static_graph:

@@ -40,6 +40,12 @@ def check_watchable(model: object, checksum: str, hook: object, state: object) -
                 "the second parameter to be named 'bucket'"
             )
         getattr(model, "_check_comm_hook", callable)(hook)  # DDP's own checks and errors
+    if getattr(model, "_delay_all_reduce_all_params", False):
+        raise ValueError(
+            "ish.watch: every trainable parameter of this DDP model is in "
+            "delay_all_reduce_named_params, so DDP built no Reducer and has no buckets to "
+            "watch (one all-reduce from the hook on param_to_hook_all_reduce does it all)."
+        )
     if getattr(model, "mixed_precision", None) is not None:
         raise CommHookRegisteredError(
             "ish.watch cannot attach to DDP(mixed_precision=...): DDP registers its own "

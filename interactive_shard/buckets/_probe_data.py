@@ -11,6 +11,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import msgspec
 import torch
 from msgspec.structs import asdict
 from torch import nn
@@ -21,7 +22,13 @@ from interactive_shard.buckets._assign import DEFAULT_FIRST_BUCKET_BYTES
 from interactive_shard.buckets._params import ReducerParam
 from interactive_shard.buckets._probe_checks import qualname
 from interactive_shard.buckets._spy import Launch
-from interactive_shard.buckets.events import BucketReduced, Checksum, DdpIteration, DdpWatch
+from interactive_shard.buckets.events import (
+    BucketReduced,
+    Checksum,
+    DdpDelayed,
+    DdpIteration,
+    DdpWatch,
+)
 from interactive_shard.telemetry import rank as telemetry
 
 log = logging.getLogger("interactive_shard.buckets.probe")
@@ -32,7 +39,10 @@ _BLOCK = 16  # contiguous elements per sampled block
 
 # -- events -----------------------------------------------------------------------------------
 def emit(event: DdpWatch | BucketReduced | DdpIteration) -> None:
-    telemetry.emit(event.KIND, asdict(event))
+    # ddp_watch nests a record (``delayed``): to_builtins makes it a map. The per-bucket
+    # events are flat, and asdict is cheaper.
+    flat = not isinstance(event, DdpWatch)
+    telemetry.emit(event.KIND, asdict(event) if flat else msgspec.to_builtins(event))
 
 
 def watch_event(
@@ -65,7 +75,61 @@ def watch_event(
         world_size=world_size,
         user_hook=None if user_hook is None else qualname(user_hook),
         checksum=checksum,
+        delayed=delayed_params(ddp),
     )
+
+
+Place = tuple[str, str, nn.Module]  # (DDP key, owning module fqn, owning module)
+
+
+def delayed_params(ddp: DistributedDataParallel) -> DdpDelayed | None:
+    """``delay_all_reduce_named_params`` as DDP keeps them: the tensors in
+    ``_delay_all_reduce_params``, the names given in ``parameters_to_ignore``."""
+    params = list(getattr(ddp, "_delay_all_reduce_params", None) or [])
+    if not params:
+        return None
+    ignored = set(getattr(ddp, "parameters_to_ignore", ()))
+    places: dict[int, list[Place]] = {}
+    for module_fqn, sub in ddp.module.named_modules():
+        for name, p in sub.named_parameters(recurse=False):
+            places.setdefault(id(p), []).append((f"{module_fqn}.{name}", module_fqn, sub))
+    params = [p for p in params if id(p) in places]  # not the module's: nothing to name
+    if not params:
+        return None
+    rows = [_given(places[id(p)], ignored) for p in params]
+    return DdpDelayed(
+        fqns=[name for name, _, _ in rows],
+        shapes=[tuple(p.shape) for p in params],
+        dtypes=[str(p.dtype) for p in params],
+        modules=[module_fqn for _, module_fqn, _ in rows],
+        module_types=[type_name for _, _, type_name in rows],
+        hook=_delay_hook(ddp, places),
+    )
+
+
+def _given(places: list[Place], ignored: set[str]) -> tuple[str, str, str]:
+    """(name, module fqn, module type) of a delayed parameter. The name is the one DDP
+    was given: a key ("a.weight", ".pos"), a root one's fqn ("pos": DDP's key misses it
+    and leaves it in the buckets), or else its fqn (DDP did not take it out either)."""
+    for strip in (False, True):
+        for key, module_fqn, sub in places:
+            name = key.removeprefix(".") if strip else key
+            if name in ignored:
+                return name, module_fqn, type(sub).__name__
+    key, module_fqn, sub = places[0]
+    return key.removeprefix("."), module_fqn, type(sub).__name__
+
+
+def _delay_hook(ddp: DistributedDataParallel, places: dict[int, list[Place]]) -> str | None:
+    """The fqn of ``param_to_hook_all_reduce``: the parameter holding DDP's
+    ``_delayed_all_reduce_hook`` (a tensor hook, so in its ``_backward_hooks``)."""
+    for p in ddp.module.parameters():
+        for hook in (getattr(p, "_backward_hooks", None) or {}).values():
+            if getattr(hook, "__self__", None) is ddp and (
+                getattr(hook, "__name__", "") == "_delayed_all_reduce_hook"
+            ):
+                return places[id(p)][0][0].removeprefix(".")
+    return None
 
 
 @dataclass(frozen=True, slots=True)

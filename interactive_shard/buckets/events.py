@@ -32,6 +32,47 @@ def _same_lengths(kind: str, named: dict[str, Sequence[object]]) -> None:
         raise ValueError(f"{kind}: per-parameter lists of different lengths {lengths}")
 
 
+class DdpDelayed(msgspec.Struct, kw_only=True, frozen=True):
+    """The parameters of ``DistributedDataParallel(delay_all_reduce_named_params=...)``:
+    in no bucket, all-reduced in one flat buffer from a gradient hook on another
+    parameter (Note [DDP buckets] in ``buckets/plan.py``, step 6).
+
+    Lists are per parameter, in DDP's ``_delay_all_reduce_params`` order.
+    """
+
+    fqns: Annotated[
+        list[str],
+        Meta(
+            description="the names given to DDP, which it matches against its keys "
+            "(`module.name`, `.name` for a root parameter: a root one given as `name` "
+            "stays in the buckets); `plan_buckets` takes them as they are"
+        ),
+    ]
+    shapes: Annotated[list[Shape], Meta(description="per parameter")]
+    dtypes: Annotated[list[str], Meta(description="per parameter")]
+    modules: Annotated[list[str], Meta(description='owning module fqn (`""` for the root)')]
+    module_types: Annotated[list[str], Meta(description="owning module class name")]
+    hook: Annotated[
+        str | None,
+        Meta(
+            description="fqn of `param_to_hook_all_reduce`, whose gradient hook launches "
+            "the all-reduce (null: not found)"
+        ),
+    ] = None
+
+    def __post_init__(self) -> None:
+        _same_lengths(
+            "ddp_watch.delayed",
+            {
+                "fqns": self.fqns,
+                "shapes": self.shapes,
+                "dtypes": self.dtypes,
+                "modules": self.modules,
+                "module_types": self.module_types,
+            },
+        )
+
+
 class DdpWatch(msgspec.Struct, kw_only=True, frozen=True):
     """Once per rank when ``ish.watch(ddp)`` attaches, and again at the first iteration of
     every later ``cluster.run`` (so each run stands alone).
@@ -75,6 +116,13 @@ class DdpWatch(msgspec.Struct, kw_only=True, frozen=True):
     checksum: Annotated[
         Checksum, Meta(description="how `ddp_iteration` checksums the gradients")
     ] = "off"
+    delayed: Annotated[
+        DdpDelayed | None,
+        Meta(
+            description="the parameters DDP all-reduces outside its buckets "
+            "(`delay_all_reduce_named_params`); null: none"
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         _same_lengths(

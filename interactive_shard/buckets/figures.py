@@ -3,7 +3,9 @@
 ``figure_bucket_map``: observed (left) and planned (right) buckets, one horizontal bar
 per bucket made of one segment per parameter (``segments.py``), coloured by owning
 module, caps as vertical lines, differences from the plan outlined in red and marked
-with an x. Timing and health figures are in ``figures_timeline.py``.
+with an x. Parameters of ``delay_all_reduce_named_params`` are in no bucket: they get a
+hatched row of their own below the buckets. Timing and health figures are in
+``figures_timeline.py``.
 """
 
 from __future__ import annotations
@@ -11,13 +13,24 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 
+from interactive_shard.buckets._params import key_fqn
 from interactive_shard.buckets.analysis import Comparison, compare
 from interactive_shard.buckets.model import BucketMap
-from interactive_shard.buckets.segments import DIFF, Row, bar_panel, module_groups
+from interactive_shard.buckets.plan import BucketPlan
+from interactive_shard.buckets.segments import (
+    DIFF,
+    Modules,
+    Row,
+    bar_panel,
+    module_groups,
+    param_bytes,
+)
 
 ROW_PX, MAX_HEIGHT = 26, 1400
 # A JupyterLab output area is about 650-900 px wide: size the legend for the narrow end.
@@ -53,9 +66,10 @@ def figure_bucket_map(
     """
     what_if = dict(what_if or {})
     observed = bucket_map.observed(iteration, rank)
-    planned, comparison, error = None, None, ""
+    planned, comparison, error, plan = None, None, "", None
     try:
-        planned = bucket_map.planned(iteration, **what_if)
+        plan = bucket_map.plan(**what_if)
+        planned = plan.iteration(iteration)
         comparison = compare(iteration, rank, planned, observed)
     except (LookupError, ValueError, TypeError) as e:
         error = str(e)
@@ -63,9 +77,12 @@ def figure_bucket_map(
     moved = set(comparison.moved) if comparison else set()
     obs_rows = [Row(b.index, b.fqns, b.shapes, b.dtypes, b.nbytes) for b in observed]
     plan_rows = [Row(b.index, b.fqns, b.shapes, b.dtypes, b.nbytes) for b in planned or []]
+    # One level below every bucket of both panels, so the buckets stay level.
+    below = max(len(obs_rows), len(plan_rows))
+    delayed = (_recorded_delayed(bucket_map, below), _planned_delayed(plan, below))
     obs_caps = _recorded_caps(bucket_map, iteration)
     plan_caps = _caps(planned or [])
-    largest = max([r.nbytes for r in (*obs_rows, *plan_rows)] or [1])
+    largest = max([r.nbytes for r in (*obs_rows, *plan_rows, *delayed) if r] or [1])
     scale, unit = _unit(largest)
 
     traces = [
@@ -73,6 +90,10 @@ def figure_bucket_map(
         *bar_panel(plan_rows, "2", modules, moved, scale, not obs_rows),
         *(_diff_markers(comparison, scale) if comparison is not None else []),
     ]
+    shown = {t["name"] for t in traces if t.get("showlegend")}
+    for axis, row, rows in (("", delayed[0], obs_rows), ("2", delayed[1], plan_rows)):
+        if row is not None:
+            traces += _delayed_bars(row, axis, modules, scale, shown, rows)
     shapes, notes = [], []
     for axis, caps in (("", obs_caps), ("2", plan_caps)):
         for cap in caps:
@@ -89,17 +110,98 @@ def figure_bucket_map(
     if info and reported < len(info.fqns) and bucket_map.record(iteration, rank) is None:
         verdict = f"in progress: {reported} of {len(info.fqns)} parameters reported so far"
     title = f"<b>DDP buckets · iteration {iteration} · rank {rank}</b><br>{verdict}"
+    for axis, row in (("", delayed[0]), ("2", delayed[1])):
+        if row is not None:
+            notes.append(_delayed_note(row, axis, scale))
     legend = [t["name"] for t in traces if t.get("showlegend")]
-    layout = _layout(title, unit, (len(obs_rows), len(plan_rows)), legend)
+    ticks = (_ticks(len(obs_rows), delayed[0]), _ticks(len(plan_rows), delayed[1]))
+    layout = _layout(title, unit, ticks, legend)
     layout["shapes"] = shapes
+    obs_title, plan_title = (
+        _count(rows) + (" + delayed" if row is not None else "")
+        for rows, row in ((obs_rows, delayed[0]), (plan_rows, delayed[1]))
+    )
     layout["annotations"] = [
-        _note(f"<b>observed</b>: {_count(obs_rows)}", 0.0, "paper", 1.0, 12, 22, "left"),
-        _note(f"<b>planned</b>: {_count(plan_rows)} ({stage})", 0.54, "paper", 1, 12, 22, "left"),
+        _note(f"<b>observed</b>: {obs_title}", 0.0, "paper", 1.0, 12, 22, "left"),
+        _note(f"<b>planned</b>: {plan_title} ({stage})", 0.54, "paper", 1, 12, 22, "left"),
         *notes,
     ]
     # One constructor call: plotly validates dicts once, while add_traces/update_layout
     # on a built figure validate and copy again.
     return go.Figure(data=traces, layout=layout)
+
+
+Ticks = tuple[list[int], list[str]]  # a panel's y tick values and labels
+
+
+@dataclass(frozen=True)
+class DelayedRow(Row):
+    """The parameters DDP all-reduces outside its buckets, drawn as one more row."""
+
+    hook: str | None = None  # param_to_hook_all_reduce's fqn
+
+
+def _recorded_delayed(bm: BucketMap, index: int) -> DelayedRow | None:
+    """What the probe read from DDP (``ddp_watch.delayed``)."""
+    info = bm.info
+    d = info.delayed if info is not None else None
+    if d is None:
+        return None
+    fqns = [key_fqn(f) for f in d.fqns]  # DDP's key ".pos" is the parameter "pos"
+    size = sum(param_bytes(shape, dtype) for shape, dtype in zip(d.shapes, d.dtypes, strict=True))
+    return DelayedRow(index, fqns, d.shapes, d.dtypes, size, d.hook)
+
+
+def _planned_delayed(plan: BucketPlan | None, index: int) -> DelayedRow | None:
+    d = plan.delayed if plan is not None else None
+    if d is None:
+        return None
+    return DelayedRow(index, d.fqns, d.shapes, d.dtypes, d.nbytes, d.hook)
+
+
+def _delayed_bars(
+    row: DelayedRow,
+    axis: str,
+    modules: Modules,
+    scale: float,
+    shown: set[str],
+    buckets: Sequence[Row],
+) -> list[dict[str, Any]]:
+    """The delayed row: module colours as in the buckets, hatched, its own hover."""
+    hook = f"the gradient hook on {row.hook}" if row.hook else "a gradient hook"
+    bucketed = {f for b in buckets for f in b.fqns}
+    traces = bar_panel([row], axis, modules, set(), scale, False)
+    for t in traces:
+        t["marker"]["pattern"] = {"shape": "/", "fgcolor": "#FFFFFF", "solidity": 0.3}
+        t["showlegend"] = t["name"] not in shown  # a module seen only here
+        shown.add(t["name"])
+        also = [
+            " · also in a bucket (DDP did not match its name)" * (f in bucketed) for f in t["text"]
+        ]
+        t["hovertext"] = np.array(
+            [h + a for h, a in zip(t["hovertext"], also, strict=True)], dtype=object
+        )
+        t["hovertemplate"] = (
+            "<b>%{text}</b><br>%{hovertext}<br>delayed: in no bucket; all-reduced in one "
+            f"flat buffer (%{{customdata[2]:,}} bytes) from {hook}<extra></extra>"
+        )
+    return traces
+
+
+def _delayed_note(row: DelayedRow, axis: str, scale: float) -> dict[str, Any]:
+    at = f" · all-reduced at {row.hook}'s hook" if row.hook else ""
+    note = _note(f"{_fmt_bytes(row.nbytes)}{at}", row.nbytes / scale, f"x{axis}", 0, 10)
+    # Beside the bar's end, at its level (data coordinates, not the paper's bottom).
+    note.update(xanchor="left", xshift=4, y=row.index, yref=f"y{axis}", yanchor="middle")
+    return note
+
+
+def _ticks(buckets: int, delayed: DelayedRow | None) -> Ticks:
+    values, labels = list(range(buckets)), [f"bucket {i}" for i in range(buckets)]
+    if delayed is not None:
+        values.append(delayed.index)
+        labels.append("delayed")
+    return values, labels
 
 
 def _recorded_caps(bm: BucketMap, iteration: int) -> list[int]:
@@ -233,14 +335,15 @@ def _note(
     }
 
 
-def _layout(title: str, unit: str, counts: tuple[int, int], legend: list[str]) -> dict[str, Any]:
-    rows = max(*counts, 1)
+def _layout(title: str, unit: str, ticks: tuple[Ticks, Ticks], legend: list[str]) -> dict[str, Any]:
+    rows = max(*(max(values, default=-1) + 1 for values, _ in ticks), 1)
 
-    def yaxis(n: int, anchor: str) -> dict[str, Any]:
+    def yaxis(axis_ticks: Ticks, anchor: str) -> dict[str, Any]:
+        values, labels = axis_ticks
         return {
             "tickmode": "array",
-            "tickvals": list(range(n)),
-            "ticktext": [f"bucket {i}" for i in range(n)],
+            "tickvals": values,
+            "ticktext": labels,
             "range": [rows - 0.5, -0.5],  # bucket 0 on top; bucket i level in both panels
             "anchor": anchor,
             "zeroline": False,
@@ -258,8 +361,8 @@ def _layout(title: str, unit: str, counts: tuple[int, int], legend: list[str]) -
         margin={"l": 80, "r": 20, "t": top, "b": bottom},
         xaxis={"domain": [0.0, 0.46], "title": {"text": f"bytes ({unit})"}, "anchor": "y"},
         xaxis2={"domain": [0.54, 1.0], "title": {"text": f"bytes ({unit})"}, "anchor": "y2"},
-        yaxis=yaxis(counts[0], "x"),
-        yaxis2=yaxis(counts[1], "x2"),
+        yaxis=yaxis(ticks[0], "x"),
+        yaxis2=yaxis(ticks[1], "x2"),
         legend={
             "orientation": "h",
             "yref": "container",

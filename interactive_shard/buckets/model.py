@@ -15,6 +15,7 @@ from typing import Any
 
 from interactive_shard import features
 from interactive_shard.buckets import analysis, records
+from interactive_shard.buckets._params import key_fqn
 from interactive_shard.buckets.analysis import Comparison, Finding, Timeline
 from interactive_shard.buckets.plan import Bucket, BucketPlan, ParamSpec, plan_buckets
 from interactive_shard.buckets.records import (
@@ -208,11 +209,8 @@ class BucketMap(ShowsView):
         key = (*(_frozen(settings[k]) for k in WHAT_IF), _frozen(order))
         plan = self._plans.get(key)
         if plan is None:
-            params = [
-                (f, ParamSpec(shape, dtype))
-                for f, shape, dtype in zip(info.fqns, info.shapes, info.dtypes, strict=True)
-            ]
-            plan = plan_buckets(params, ready_order=order, **settings)
+            params = _specs(info)
+            plan = plan_buckets(params, ready_order=order, **settings, **_delay(info, params))
             self._plans[key] = plan
             if len(self._plans) > _PLAN_CACHE:
                 self._plans.popitem(last=False)
@@ -272,6 +270,33 @@ class BucketMap(ShowsView):
             + (f", {self.skipped} malformed event(s) skipped" if self.skipped else "")
             + ")"
         )
+
+
+def _specs(info: WatchInfo) -> list[tuple[str, ParamSpec]]:
+    """The planner's parameters: the Reducer's, then the delayed ones it does not hold."""
+    params = [
+        (f, ParamSpec(shape, dtype))
+        for f, shape, dtype in zip(info.fqns, info.shapes, info.dtypes, strict=True)
+    ]
+    if info.delayed is not None:
+        known = set(info.fqns)
+        d = info.delayed
+        for name, shape, dtype in zip(d.fqns, d.shapes, d.dtypes, strict=True):
+            if key_fqn(name) not in known:  # ".pos" is the parameter "pos"
+                params.append((key_fqn(name), ParamSpec(shape, dtype)))
+                known.add(key_fqn(name))
+    return params
+
+
+def _delay(info: WatchInfo, params: list[tuple[str, ParamSpec]]) -> dict[str, Any]:
+    """DDP's delay arguments as the probe read them; the planner matches names as DDP."""
+    if info.delayed is None:
+        return {}
+    hook = info.delayed.hook
+    return {
+        "delay_all_reduce_named_params": list(info.delayed.fqns),
+        "param_to_hook_all_reduce": hook if hook in {f for f, _ in params} else None,
+    }
 
 
 def _check_iteration(iteration: object) -> None:

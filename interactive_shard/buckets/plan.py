@@ -39,6 +39,19 @@ Algorithm (torch 2.13, ``DistributedDataParallel._ddp_init_helper`` and
    iteration 2 (iteration 3 with ``static_graph``: iteration 1 delays all reductions
    and iteration 2 records the order). With ``find_unused_parameters=True`` and no
    ``static_graph`` DDP never rebuilds: the step-4 buckets stay for good.
+6. Delayed parameters (``delay_all_reduce_named_params=[(name, param), ...]`` with
+   ``param_to_hook_all_reduce=p``; DDP takes both or neither): each *name* joins
+   ``ddp.parameters_to_ignore``, so step 1 leaves it out, at iteration 1 and at the
+   rebuild alike (the Reducer never sees its gradient); each *param* joins
+   ``ddp._delay_all_reduce_params``. Their ``.grad`` are views of one flat
+   ``torch.zeros(total numel)`` (default dtype, on ``device_ids[0]`` or the CPU), set
+   after every forward; a *tensor* hook on ``p`` (it runs when ``p``'s gradient is
+   computed, before it is accumulated) divides that buffer by the world size and
+   launches ONE ``all_reduce(async_op=True)`` on DDP's group, never waited for. Names
+   are DDP keys: a root parameter given as ``"pos"`` stays in the buckets (its key is
+   ``".pos"``) and is delayed too (``DelayedParams.in_buckets``); DDP ignores an
+   unknown name silently, the planner refuses it. With every trainable parameter
+   delayed DDP builds no Reducer at all. ``_delayed.py`` resolves the names.
 
 Caveats:
 
@@ -49,9 +62,12 @@ Caveats:
   control flow, different inputs per rank or ``no_sync`` can change what DDP records.
   Give ``ready_order`` when you know better. Unused parameters go last under
   ``static_graph`` (as DDP does); without it DDP cannot rebuild and raises.
-- Not modelled: ``DDP_SET_LAST_BUCKET_CAP=1``, ``delay_all_reduce_named_params``,
-  ``gradient_as_bucket_view`` (it changes memory, not the layout) and DDPOptimizer
-  (``torch.compile``), which bucketizes its graph by its own rules.
+- Delayed parameters are all-reduced correctly only when ``p``'s gradient comes after
+  every delayed one: seen on 2 gloo ranks, a hook on an earlier gradient left the sum,
+  not the mean (the all-reduce read a buffer still filling). The planner does not check.
+- Not modelled: ``DDP_SET_LAST_BUCKET_CAP=1``, ``gradient_as_bucket_view`` (it
+  changes memory, not the layout) and DDPOptimizer (``torch.compile``), which
+  bucketizes its graph by its own rules.
 
 Debugging: ``ddp._get_ddp_logging_data()`` has ``bucket_sizes`` and
 ``rebuilt_per_bucket_param_indices``; a comm hook sees ``bucket.parameters()`` in
@@ -75,6 +91,7 @@ import torch
 from torch import nn
 
 from interactive_shard.buckets._assign import BucketCaps, Item, assign_by_size
+from interactive_shard.buckets._delayed import DelayedParams, delay_names, split_delayed
 from interactive_shard.buckets._params import (
     ParamInfo,
     ParamSpec,
@@ -83,7 +100,15 @@ from interactive_shard.buckets._params import (
     resolve_ready_order,
 )
 
-__all__ = ["Bucket", "BucketCaps", "BucketPlan", "ParamSpec", "ReadyOrderSource", "plan_buckets"]
+__all__ = [
+    "Bucket",
+    "BucketCaps",
+    "BucketPlan",
+    "DelayedParams",
+    "ParamSpec",
+    "ReadyOrderSource",
+    "plan_buckets",
+]
 
 
 @dataclass(frozen=True)
@@ -130,8 +155,15 @@ class BucketPlan:
     find_unused_parameters: bool = False
     static_graph: bool = False
     unused: list[str] = field(default_factory=list)  # seen unused with example_inputs
+    delayed: DelayedParams | None = None  # delay_all_reduce_named_params: in no bucket
 
     def __post_init__(self) -> None:
+        if self.delayed is not None:
+            left = set(self.delayed.fqns) - set(self.delayed.in_buckets)
+            if left & set(self.param_order):
+                raise ValueError(
+                    f"delayed parameters in buckets: {sorted(left & set(self.param_order))}"
+                )
         expected = Counter(self.param_order)
         for name, buckets in (("first_iteration", self.first_iteration), ("rebuilt", self.rebuilt)):
             if [b.index for b in buckets] != list(range(len(buckets))):
@@ -195,38 +227,51 @@ def plan_buckets(
     static_graph: bool = False,
     ready_order: list[str] | None = None,
     example_inputs: tuple[Any, ...] | None = None,
+    delay_all_reduce_named_params: list[str] | list[tuple[str, Any]] | None = None,
+    param_to_hook_all_reduce: str | torch.Tensor | None = None,
 ) -> BucketPlan:
     """Predict DDP's buckets for a model (or ``(fqn, tensor | ParamSpec)`` pairs).
 
     Takes DDP's own bucket arguments. The rebuild follows ``ready_order`` (fqns, first
     gradient ready first), or the order seen in one local backward on a copy of the
     model with ``example_inputs``, or else reverse registration order. Meta tensors
-    and ``ParamSpec`` plan without memory. See Note [DDP buckets] above.
+    and ``ParamSpec`` plan without memory. ``delay_all_reduce_named_params`` (fqns or
+    DDP's ``(name, param)`` pairs) leave every bucket and are listed in
+    ``BucketPlan.delayed``; ``param_to_hook_all_reduce`` (optional here) only names the
+    hook there. See Note [DDP buckets] above.
     """
     caps = BucketCaps.from_mb(bucket_cap_mb, bucket_cap_mb_list)
     if isinstance(model_or_named_params, torch.nn.parallel.DistributedDataParallel):
         model_or_named_params = model_or_named_params.module  # DDP's names are the module's
+    if not isinstance(model_or_named_params, nn.Module):
+        model_or_named_params = list(model_or_named_params)  # read twice when delaying
+    names = delay_names(delay_all_reduce_named_params)
     with _gc_paused():
         params = collect_params(model_or_named_params)
-    if not params:
-        raise ValueError(
-            "no trainable parameters (requires_grad=True) to plan; DDP would refuse this "
-            "model too: unfreeze at least one parameter"
+        if not params:
+            raise ValueError(
+                "no trainable parameters (requires_grad=True) to plan; DDP would refuse "
+                "this model too: unfreeze at least one parameter"
+            )
+        params, delayed, ignore = split_delayed(
+            model_or_named_params, params, names, param_to_hook_all_reduce
         )
     rebuilds = static_graph or not find_unused_parameters
     order, source, unused = resolve_ready_order(
-        model_or_named_params, params, ready_order, example_inputs, rebuilds, static_graph
+        model_or_named_params, params, ready_order, example_inputs, rebuilds, static_graph, ignore
     )
     first_limits = caps.first_iteration_limits(
         find_unused=find_unused_parameters, static_graph=static_graph
     )
     with _gc_paused():
-        initial = assign_by_size(
-            _items(params, range(len(params))), first_limits, gradient_ready_order=False
-        )
-        first = _buckets(params, initial[::-1])
+        first: list[Bucket] = []  # every parameter delayed: DDP builds no Reducer
+        if params:
+            initial = assign_by_size(
+                _items(params, range(len(params))), first_limits, gradient_ready_order=False
+            )
+            first = _buckets(params, initial[::-1])
         rebuilt = first
-        if rebuilds:
+        if rebuilds and params:
             index = {p.fqn: i for i, p in enumerate(params)}
             ready = _items(params, [index[f] for f in order])
             rebuilt = _buckets(
@@ -242,6 +287,7 @@ def plan_buckets(
             find_unused_parameters=find_unused_parameters,
             static_graph=static_graph,
             unused=unused,
+            delayed=delayed,
         )
 
 

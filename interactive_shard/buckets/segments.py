@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from interactive_shard.buckets._params import as_dtype
+from interactive_shard.buckets._params import as_dtype, key_fqn
 from interactive_shard.buckets.model import BucketMap
 from interactive_shard.ui.colors import PALETTE, key_color
 
@@ -52,12 +52,20 @@ def module_groups(bm: BucketMap) -> Modules:
     info = bm.info
     if info is None:
         return Modules()
-    names = [m or "(root)" for m in info.modules]
-    described = [f"{m} ({t})" for m, t in zip(names, info.module_types, strict=True)]
+    fqns, owners, types = list(info.fqns), list(info.modules), list(info.module_types)
+    if info.delayed is not None:  # in no bucket, but drawn in their modules' colours
+        d, known = info.delayed, set(fqns)
+        for name, owner, kind in zip(d.fqns, d.modules, d.module_types, strict=True):
+            if key_fqn(name) not in known:
+                fqns.append(key_fqn(name))
+                owners.append(owner)
+                types.append(kind)
+    names = [m or "(root)" for m in owners]
+    described = [f"{m} ({t})" for m, t in zip(names, types, strict=True)]
     return Modules(
-        dict(zip(info.fqns, names, strict=True)),
+        dict(zip(fqns, names, strict=True)),
         list(dict.fromkeys(names)),
-        dict(zip(info.fqns, described, strict=True)),
+        dict(zip(fqns, described, strict=True)),
     )
 
 

@@ -116,8 +116,12 @@ class BucketMapView(live.LazyWidget):
             f"static_graph={info.static_graph}"
         )
         what_if = f" · <b>what if bucket_cap_mb={self.cap_mb:.4g}</b>" if self.cap_mb else ""
+        delayed = ""
+        if info.delayed is not None:
+            hook = f" at {html.escape(info.delayed.hook)}'s hook" if info.delayed.hook else ""
+            delayed = f" + {len(info.delayed.fqns)} delayed (in no bucket, all-reduced{hook})"
         return (
-            f"<b>{len(info.fqns)} parameters</b> · DDP {caps}, {flags} · world size "
+            f"<b>{len(info.fqns)} parameters</b>{delayed} · DDP {caps}, {flags} · world size "
             f"{info.world_size} · ready order {html.escape(self.model.ready_order_source())}"
             f"{what_if}"
         )

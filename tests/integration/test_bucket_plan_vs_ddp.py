@@ -151,6 +151,30 @@ def _cases() -> dict[str, tuple[str, dict[str, Any]]]:
     cases["mixed-capNone-plain"] = ("mixed", {})
     cases["mixed-cap0.001-plain"] = ("mixed", {"bucket_cap_mb": 0.001})
     cases["mixed-cap0.001-find_unused"] = ("mixed", small_unused)
+    # delay_all_reduce_named_params: fqns here, (name, param) pairs for DDP (_ddp_kwargs).
+    mlp_delay: dict[str, Any] = {
+        "delay_all_reduce_named_params": ["b.weight", "b.bias"],
+        "param_to_hook_all_reduce": "a.weight",  # its gradient is the last: the mean is right
+    }
+    for flag, flag_kwargs in FLAGS.items():
+        cases[f"mlp-delay-cap0.001-{flag}"] = (
+            "mlp",
+            {"bucket_cap_mb": 0.001, **mlp_delay, **flag_kwargs},
+        )
+    for label, names in {
+        "key": ["q.weight", "ln2.bias", ".pos"],  # ".pos": DDP's key for the root "pos"
+        "root": ["pos"],  # misses DDP's key: stays in its bucket, and is delayed too
+        "tied": ["emb.weight"],  # reduced under its other name, head.weight
+    }.items():
+        for flag in ("plain", "static"):
+            delay = {
+                "delay_all_reduce_named_params": names,
+                "param_to_hook_all_reduce": "ln1.weight",
+            }
+            cases[f"transformer-delay-{label}-cap0.01-{flag}"] = (
+                "transformer",
+                {"bucket_cap_mb": 0.01, **delay, **FLAGS[flag]},
+            )
     if not HAS_CAP_LIST:  # torch < 2.13
         cases = {k: v for k, v in cases.items() if "bucket_cap_mb_list" not in v[1]}
     return cases
@@ -171,10 +195,16 @@ def _observe(ctx: Any, model_name: str, ddp_kwargs: dict[str, Any]) -> Observed:
     build, make_inputs = MODELS[model_name]
     torch.manual_seed(0)
     model = build()
-    names = {id(p): fqn for fqn, p in model.named_parameters()}
-    ddp = DDP(model, **ddp_kwargs)
+    ddp = DDP(model, **_ddp_kwargs(model, ddp_kwargs))
     # The planner unwraps a DDP module and names parameters as the module does.
     assert plan_buckets(ddp, **ddp_kwargs).rebuilt == plan_buckets(model, **ddp_kwargs).rebuilt
+    # Names as the Reducer has them (a tied weight delayed under one name is reduced
+    # under the other). Its buckets before any backward are the planner's iteration 1.
+    names = {id(r.param): r.fqn for r in reducer_params(ddp)}
+    if "delay_all_reduce_named_params" in ddp_kwargs:
+        built = sorted(ddp.reducer._get_zeros_like_grad_buckets(), key=lambda b: b.index())
+        first = plan_buckets(model, **ddp_kwargs).first_iteration
+        assert [[names[id(p)] for p in b.parameters()] for b in built] == [b.fqns for b in first]
     seen: Observed = {}
     state = {"iteration": 0}
 
@@ -195,6 +225,25 @@ def _observe(ctx: Any, model_name: str, ddp_kwargs: dict[str, Any]) -> Observed:
         out = ddp(*make_inputs())
         out.sum().backward()
     return seen
+
+
+def _ddp_kwargs(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """DDP's arguments: the delayed fqns as its (name, param) pairs, the hook a tensor."""
+    names = kwargs.get("delay_all_reduce_named_params")
+    if names is None:
+        return kwargs
+    # Every name a key (".pos") or a module's name ("pos"): the tensor DDP is given.
+    by_key = {
+        f"{m}.{n}": p
+        for m, sub in model.named_modules()
+        for n, p in sub.named_parameters(recurse=False)
+    }
+    tensor = {**{k.removeprefix("."): p for k, p in by_key.items()}, **by_key}
+    return {
+        **kwargs,
+        "delay_all_reduce_named_params": [(n, tensor[n]) for n in names],
+        "param_to_hook_all_reduce": tensor[kwargs["param_to_hook_all_reduce"]],
+    }
 
 
 def _observe_all(ctx: Any, cases: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Observed]:
@@ -305,3 +354,110 @@ def test_reducer_params_are_the_ones_ddp_reduces(
     index = {id(r.param): i for i, r in enumerate(rows)}
     (bucket,) = ddp.reducer._get_zeros_like_grad_buckets()
     assert [index[id(p)] for p in bucket.parameters()] == list(range(len(rows)))
+
+
+# -- delay_all_reduce_named_params ------------------------------------------------------------
+
+
+def test_delayed_parameters_are_in_no_bucket(observed: dict[str, Observed]) -> None:
+    """The facts the planner encodes, on raw observations: a delayed name leaves every
+    bucket in every iteration, unless DDP's key misses it (a root one by its fqn)."""
+    for case, (model_name, kwargs) in CASES.items():
+        names = kwargs.get("delay_all_reduce_named_params")
+        if names is None:
+            continue
+        reduced = {f for buckets in observed[case].values() for b in buckets for f in b[0]}
+        gone = {n.removeprefix(".") for n in names if n != "pos"}
+        assert not reduced & gone, case
+        if model_name == "transformer":  # its root parameter "pos"
+            assert ("pos" in reduced) == (".pos" not in names), case
+    tied = observed["transformer-delay-tied-cap0.01-plain"]
+    assert "head.weight" in {f for b in tied[1] for f in b[0]}  # the tensor stays, renamed
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ish.Cluster]:
+    with ish.Cluster(2, timeout=60) as c:
+        yield c
+
+
+def _watched(ctx: Any, model_name: str, ddp_kwargs: dict[str, Any]) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    build, make_inputs = MODELS[model_name]
+    torch.manual_seed(0)
+    model = build()
+    ddp = DDP(model, **_ddp_kwargs(model, ddp_kwargs))
+    ish.watch(ddp)
+    for iteration in range(1, ITERATIONS + 1):
+        torch.manual_seed(100 * iteration + ctx.rank)
+        ddp(*make_inputs()).sum().backward()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "mlp-delay-cap0.001-plain",
+        "transformer-delay-key-cap0.01-plain",
+        "transformer-delay-root-cap0.01-static",
+    ],
+)
+def test_watched_run_plans_the_delayed_parameters(cluster: ish.Cluster, case: str) -> None:
+    model_name, kwargs = CASES[case]
+    run = cluster.run(_watched, model_name, kwargs)
+    bm = run.buckets
+    names = kwargs["delay_all_reduce_named_params"]
+    info = bm.info
+    assert info is not None and info.delayed is not None
+    assert info.delayed.fqns == names  # as given to DDP, read back from it
+    assert info.delayed.hook == kwargs["param_to_hook_all_reduce"]
+    plan = bm.plan()
+    assert plan.delayed is not None
+    assert plan.delayed.fqns == [n.removeprefix(".") for n in names]
+    assert plan.delayed.in_buckets == (["pos"] if names == ["pos"] else [])
+    for rank in (0, 1):
+        for iteration in range(1, ITERATIONS + 1):
+            comparison = bm.compare(iteration, rank)
+            assert comparison.matches, (iteration, rank, comparison.summary)
+    # The re-plan from the recording is the planner's plan of the model itself.
+    build, make_inputs = MODELS[model_name]
+    torch.manual_seed(0)
+    model = build()
+    torch.manual_seed(100)
+    direct = plan_buckets(model, example_inputs=make_inputs(), **kwargs)
+    assert [b.fqns for b in direct.rebuilt] == [b.fqns for b in plan.rebuilt]
+
+
+@pytest.mark.parametrize("root", [".pos", "pos"])
+def test_probe_reads_the_delayed_parameters_from_ddp(one_rank: None, root: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from interactive_shard.buckets._probe_checks import check_watchable
+    from interactive_shard.buckets._probe_data import delayed_params
+
+    model = Shared(sparse=False)
+    names = ["a.weight", root, "inner.0.bias"]
+    kwargs = {"delay_all_reduce_named_params": names, "param_to_hook_all_reduce": "inner.1.weight"}
+    ddp = DDP(model, **_ddp_kwargs(model, kwargs))
+    expected, _ = ddp._build_params_for_reducer()
+    rows = reducer_params(ddp)  # the probe's list: DDP's parameters_to_ignore holds the names
+    assert [id(r.param) for r in rows] == [id(p) for p in expected]
+    assert ("pos" in [r.fqn for r in rows]) == (root == "pos")
+    assert plan_buckets(model, **kwargs).param_order == [r.fqn for r in rows]
+    delayed = delayed_params(ddp)
+    assert delayed is not None and delayed.fqns == names
+    assert delayed.modules == ["a", "", "inner.0"]
+    assert delayed.module_types == ["Linear", "Shared", "Linear"]
+    assert delayed.shapes == [(4, 4), (3,), (4,)] and delayed.hook == "inner.1.weight"
+    # Every trainable parameter delayed: DDP builds no Reducer, nothing to watch.
+    everything = [
+        f"{m}.{n}"
+        for m, sub in model.named_modules()
+        for n, p in sub.named_parameters(recurse=False)
+        if p.requires_grad
+    ]
+    alone = DDP(
+        model, **_ddp_kwargs(model, {**kwargs, "delay_all_reduce_named_params": everything})
+    )
+    with pytest.raises(ValueError, match="DDP built no Reducer"):
+        check_watchable(alone, "off", None, None)

@@ -324,6 +324,130 @@ def test_meta_model_and_param_specs_plan_like_the_real_model() -> None:
     assert [b.nbytes for b in spec.rebuilt] == [b.nbytes for b in real.rebuilt]
 
 
+# -- delay_all_reduce_named_params ---------------------------------------------------------------
+
+DELAYED = ["b.weight", "a.bias"]
+
+
+class Rooted(MLP):
+    """A root parameter (DDP's key ".pos") and a tied weight (two keys, one tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Parameter(torch.zeros(3))
+        self.head = nn.Linear(8, 32, bias=False)
+        self.head.weight = self.a.weight
+
+
+@needs_capacity_config
+@pytest.mark.parametrize("cap", [None, 0.001, 0.01])
+@pytest.mark.parametrize("flags", [{}, {"find_unused_parameters": True}, {"static_graph": True}])
+def test_delayed_parameters_leave_every_bucket(cap: float | None, flags: dict) -> None:
+    model = MLP()
+    kwargs = {**flags, **({} if cap is None else {"bucket_cap_mb": cap})}
+    named = dict(model.named_parameters())
+    by_fqn = plan_buckets(model, delay_all_reduce_named_params=DELAYED, **kwargs)
+    by_pair = plan_buckets(
+        model,
+        delay_all_reduce_named_params=[(n, named[n]) for n in DELAYED],
+        param_to_hook_all_reduce=named["a.weight"],
+        **kwargs,
+    )
+    for plan in (by_fqn, by_pair):
+        for buckets in (plan.first_iteration, plan.rebuilt):
+            assert not {f for b in buckets for f in b.fqns} & set(DELAYED)
+    assert fqns(by_fqn.first_iteration) == fqns(by_pair.first_iteration)
+    assert fqns(by_fqn.rebuilt) == fqns(by_pair.rebuilt)
+    # The rest is bucketed as DDP does: its own assignment over the remaining parameters.
+    rest = [(n, p) for n, p in model.named_parameters() if n not in DELAYED]
+    ready = list(reversed(range(len(rest))))  # the planner's assumption
+    first, rebuilt = torch_reference(
+        rest,
+        ready,
+        cap_mb=cap,
+        find_unused=flags.get("find_unused_parameters", False),
+        static_graph=flags.get("static_graph", False),
+    )
+    assert fqns(by_fqn.first_iteration) == first and fqns(by_fqn.rebuilt) == rebuilt
+    assert by_fqn.param_order == [n for n, _ in rest]
+    # ... and as DDP's ignore list leaves them out (DDP adds the names to that list).
+    ignoring = MLP()
+    ignoring._ddp_params_and_buffers_to_ignore = DELAYED  # type: ignore[assignment]
+    assert fqns(plan_buckets(ignoring, **kwargs).rebuilt) == rebuilt
+    d = by_pair.delayed
+    assert d is not None and by_fqn.delayed is not None
+    assert d.fqns == DELAYED and d.shapes == [(32, 32), (32,)] and d.numels == [1024, 32]
+    assert d.nbytes == 4 * 1056 and d.dtypes == ["torch.float32"] * 2
+    assert d.hook == "a.weight" and by_fqn.delayed.hook is None and d.in_buckets == []
+
+
+def test_delayed_names_are_matched_as_ddp_matches_them() -> None:
+    # A root parameter by its fqn misses DDP's key ".pos": it stays in a bucket and is
+    # delayed too; by its key it leaves.
+    plan = plan_buckets(Rooted(), delay_all_reduce_named_params=["pos"])
+    assert "pos" in plan.param_order
+    assert plan.delayed is not None and plan.delayed.in_buckets == ["pos"]
+    plan = plan_buckets(Rooted(), delay_all_reduce_named_params=[".pos"])
+    assert "pos" not in plan.param_order
+    assert plan.delayed is not None and plan.delayed.fqns == ["pos"]
+    assert plan.delayed.in_buckets == []
+    # A tied weight delayed under one name is reduced under its other one.
+    plan = plan_buckets(Rooted(), delay_all_reduce_named_params=["a.weight"])
+    assert plan.param_order[-1] == "head.weight" and "a.weight" not in plan.param_order
+    assert plan.delayed is not None and plan.delayed.in_buckets == ["a.weight"]
+    # Pairs of specs plan alike; the delayed ones may be in a given ready order.
+    specs = [(n, ParamSpec(tuple(p.shape))) for n, p in MLP().named_parameters()]
+    order = [n for n, _ in specs][::-1]
+    plan = plan_buckets(specs, delay_all_reduce_named_params=DELAYED, ready_order=order)
+    assert plan.ready_order == [f for f in order if f not in DELAYED]
+    assert fqns(plan.rebuilt) == fqns(
+        plan_buckets(MLP(), delay_all_reduce_named_params=DELAYED).rebuilt
+    )
+
+
+def test_every_parameter_delayed_leaves_no_bucket() -> None:
+    names = [n for n, _ in MLP().named_parameters()]
+    plan = plan_buckets(MLP(), delay_all_reduce_named_params=names, bucket_cap_mb=0.001)
+    assert plan.first_iteration == plan.rebuilt == [] and plan.param_order == []
+    assert plan.delayed is not None and plan.delayed.fqns == names
+
+
+def test_delayed_parameter_errors() -> None:
+    with pytest.raises(
+        ValueError, match=r"'b.weigth' is not a trainable.*did you mean \['b.weight'"
+    ):
+        plan_buckets(MLP(), delay_all_reduce_named_params=["b.weigth"])
+    frozen = MLP()
+    frozen.c.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"'c\.bias' is not a trainable parameter"):
+        plan_buckets(frozen, delay_all_reduce_named_params=["c.bias"])
+    with pytest.raises(ValueError, match=r"names \['a\.bias'\] twice"):
+        plan_buckets(MLP(), delay_all_reduce_named_params=["a.bias", "a.bias"])
+    with pytest.raises(TypeError, match=r"list of fqns or of \(name, param\) pairs"):
+        plan_buckets(MLP(), delay_all_reduce_named_params="a.bias")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs delay_all_reduce_named_params"):
+        plan_buckets(MLP(), param_to_hook_all_reduce="a.weight")
+    with pytest.raises(ValueError, match=r"param_to_hook_all_reduce: 'a\.wieght'.*did you mean"):
+        plan_buckets(
+            MLP(), delay_all_reduce_named_params=DELAYED, param_to_hook_all_reduce="a.wieght"
+        )
+    with pytest.raises(ValueError, match="param_to_hook_all_reduce is not a trainable"):
+        plan_buckets(
+            MLP(), delay_all_reduce_named_params=DELAYED, param_to_hook_all_reduce=torch.ones(1)
+        )
+    plan = plan_buckets(MLP(), delay_all_reduce_named_params=DELAYED)
+    with pytest.raises(ValueError, match="delayed parameters in buckets"):
+        BucketPlan(
+            first_iteration=[],
+            rebuilt=[],
+            param_order=["b.weight"],
+            ready_order=[],
+            ready_order_source=plan.ready_order_source,
+            caps=plan.caps,
+            delayed=plan.delayed,
+        )
+
+
 # -- ready order from example inputs ------------------------------------------------------------
 
 

@@ -170,6 +170,41 @@ def test_figure_before_any_event_and_without_watch() -> None:
 
 
 # -- timeline and health ------------------------------------------------------------------------
+def test_delayed_parameters_get_a_row_of_their_own_in_both_panels() -> None:
+    delayed = ["layers.1.weight", "layers.1.bias"]
+    run = FakeRun(
+        mlp_params(3, 16), bucket_cap_mb=0.001, delayed=delayed, delay_hook="layers.0.weight"
+    )
+    bm = make_map(run)
+    plan = bm.plan()
+    assert plan.delayed is not None and plan.delayed.fqns == delayed
+    assert plan.delayed.hook == "layers.0.weight"
+    assert bm.compare(2).matches and bm.compare(1).matches
+    fig = figure_bucket_map(bm, 2)
+    layout = fig.to_dict()["layout"]
+    below = max(len(bm.observed(2)), len(bm.planned(2)))
+    for axis in ("yaxis", "yaxis2"):
+        assert layout[axis]["ticktext"][-1] == "delayed"
+        assert layout[axis]["tickvals"][-1] == below
+    for axis in ("x", "x2"):
+        rows = [t for t in bars(fig, axis) if t["y"] == [below] * len(t["y"])]
+        assert [f for t in rows for f in t["text"]] == delayed
+        assert all(t["marker"]["pattern"]["shape"] == "/" for t in rows)
+        assert all("from the gradient hook on layers.0.weight" in t["hovertemplate"] for t in rows)
+        in_buckets = {f for t in bars(fig, axis) if below not in t["y"] for f in t["text"]}
+        assert not in_buckets & set(delayed)
+    notes = [a["text"] for a in layout["annotations"]]
+    size = 4 * (16 * 16 + 16)
+    assert notes.count(f"{size / 1024:.3g} KiB · all-reduced at layers.0.weight's hook") == 2
+    assert any("observed</b>: " in n and "+ delayed" in n for n in notes)
+    assert "observed = planned" in layout["title"]["text"]
+    view = BucketMapView(bm)
+    view.widget  # noqa: B018
+    assert "+ 2 delayed (in no bucket, all-reduced at layers.0.weight's hook)" in (
+        view.status_html.value
+    )
+
+
 def test_timeline_figure_shows_window_stages_and_total(mlp_map: BucketMap) -> None:
     tl = mlp_map.timeline(2)
     fig = figure_bucket_timeline(mlp_map, 2).to_dict()

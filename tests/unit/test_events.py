@@ -83,12 +83,32 @@ def _old_watch_payload() -> dict[str, Any]:
     }
 
 
+ADDED_SINCE = {"delayed": None}  # ddp_watch fields added later, with their defaults
+
+
 def test_struct_payloads_are_the_old_wire_format() -> None:
     old = _old_watch_payload()
     new = asdict(msgspec.convert(old, DdpWatch))
+    # A field added later decodes to its default, so an old recording still reads.
+    assert {k: new.pop(k) for k in ADDED_SINCE} == ADDED_SINCE
     # Shapes are tuples in the Struct, arrays on the wire: the bytes are the same.
     assert msgspec.msgpack.encode(new) == msgspec.msgpack.encode(old)
     assert json.loads(msgspec.json.encode(new)) == old
+
+
+def test_watch_with_delayed_parameters_round_trips() -> None:
+    run = FakeRun(
+        mlp_params(2, 8), iterations=1, delayed=["layers.0.bias"], delay_hook="layers.0.weight"
+    )
+    watch = next(e for e in run.events() if e.kind == DdpWatch.KIND)
+    assert watch.payload["delayed"]["fqns"] == ["layers.0.bias"]  # plain data on the wire
+    info = records.decode(0, watch.kind, watch.payload)
+    assert isinstance(info, records.WatchInfo) and info.delayed is not None
+    assert info.delayed.hook == "layers.0.weight" and info.delayed.shapes == [(8,)]
+    assert "layers.0.bias" not in info.fqns
+    bad = {**watch.payload, "delayed": {**watch.payload["delayed"], "dtypes": []}}
+    with pytest.raises(records.RecordError, match="different lengths"):
+        records.decode(0, watch.kind, bad)
 
 
 def test_recorded_payloads_round_trip_through_the_structs() -> None:

@@ -338,7 +338,12 @@ class TimelineModel(ShowsView):
         """Iterations whose collectives all started after the backward's last compute
         ended (hooks bunched at the end: no overlap), merged over ranks."""
         self.update()
-        hit = [(r, it) for r in self._ranks for it in self.iterations(r) if self._bunched(r, it)]
+        hit = [
+            (r, it)
+            for r in sorted(self._ranks)
+            for it in self.iterations(r)
+            if self._bunched(r, it)
+        ]
         if not hit:
             return []
         ranks, its = sorted({r for r, _ in hit}), sorted({i for _, i in hit})

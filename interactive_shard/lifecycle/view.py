@@ -1,0 +1,246 @@
+"""LifecycleView: the DDP lifecycle widget (instance, rank, settings, lifecycle strip,
+hooks per parameter, bytes by purpose, findings with their fixes).
+
+Thin: the state worth testing lives in ``LifecycleModel`` and in the pure figures of
+``figures.py``; this file wires widgets to them. Every redraw builds a figure from the
+model as it is now and swaps it into its FigureWidget inside ``batch_update()``;
+``ui.live`` calls ``refresh()`` at most 10 times a second while ranks run, and a panel
+is redrawn only when what it shows changed (the model's ``revision``, or a control).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from interactive_shard.lifecycle.figures import (
+    STATE_COLORS,
+    figure_bytes,
+    figure_hooks,
+    figure_lifecycle,
+    fmt_bytes,
+    instance_label,
+    pick,
+    report_figures,
+)
+from interactive_shard.lifecycle.model import Finding, Instance, LifecycleModel
+from interactive_shard.ui import live
+from interactive_shard.ui.controls import swap_figure
+
+__all__ = ["LifecycleView", "report_figures"]
+
+NEWEST = 0  # instance selector value that follows the newest instance (serials are >= 1)
+MAX_FINDINGS = 30  # listed in the widget; all are in LifecycleModel.findings
+LEVEL_COLORS = {"error": STATE_COLORS["bad"], "info": "#0072B2"}
+WAITING = (
+    "<i>No DDP instance yet: watch a DDP model with <code>ish.watch(ddp)</code> on the "
+    "ranks; its settings, iterations, hooks and collectives appear here.</i>"
+)
+
+
+class LifecycleView(live.LazyWidget):
+    """Live view of a ``LifecycleModel`` (``run.ddp``); ``widget`` is built on first use.
+
+    State first, settable before any widget exists: ``rank`` (None: the lowest) and
+    ``ddp``, the instance's serial (None follows the newest: a re-run cell's new
+    wrapper). Once ``widget`` is built the controls hold that state: set
+    ``ddp_selector.value`` or ``rank_selector.value``, then read the figures and HTML.
+    """
+
+    def __init__(
+        self, model: LifecycleModel, *, ddp: int | None = None, rank: int | None = None
+    ) -> None:
+        self.model = model
+        self.chosen_ddp = ddp or NEWEST
+        self.chosen_rank = rank
+        self._widget: widgets.VBox | None = None
+        self._drawn: dict[str, Any] = {}
+        self._quiet = False  # set while the view itself moves a control
+
+    # -- state (no widgets) ----------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        if self.chosen_rank is not None:
+            return self.chosen_rank
+        ranks = self.model.ranks
+        return ranks[0] if ranks else 0
+
+    @property
+    def instance(self) -> Instance | None:
+        """The instance shown (None: none watched on this rank yet)."""
+        return pick(self.model, self.chosen_ddp or None, self.rank)
+
+    @property
+    def ddp(self) -> int | None:
+        inst = self.instance
+        return None if inst is None else inst.serial
+
+    def findings(self) -> list[Finding]:
+        """The instance's findings: the checks that fired, then the advice."""
+        return [f for f in self.model.findings if f.ddp is None or f.ddp == self.ddp]
+
+    def settings_text(self) -> str:
+        """The instance's settings and what it syncs, as an HTML table."""
+        inst = self.instance
+        if inst is None:
+            return ""
+        w = inst.watch
+        rows = [(name, _value(v)) for name, v in inst.settings.items()]
+        rows += [
+            ("world size", str(w.world_size)),
+            ("parameters", f"{len(w.params)} · {fmt_bytes(w.param_bytes)}"),
+            ("buffers", f"{len(w.buffers)} · {fmt_bytes(w.buffer_bytes)}"),
+            ("collectives recorded from", w.recorded_from),
+        ]
+        body = "".join(
+            f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(v)}</td></tr>"
+            for k, v in rows
+        )
+        return f"<b>{html.escape(instance_label(inst))}</b><table>{body}</table>"
+
+    def findings_text(self) -> str:
+        """Checks (red, with their fix) and advice (blue) for the instance shown."""
+        found = self.findings()
+        items = []
+        for f in found[:MAX_FINDINGS]:
+            color = LEVEL_COLORS.get(f.level, "#999999")
+            when = "" if f.iteration is None else f" in iteration {f.iteration}"
+            ranks = ", ".join(map(str, f.ranks))
+            items.append(
+                f"<li><b style='color:{color}'>{f.level} · {f.kind}</b>{when} "
+                f"(rank(s) {ranks}): <span style='color:{color}'>{html.escape(f.message)}"
+                "</span></li>"
+            )
+        if len(found) > MAX_FINDINGS:
+            items.append(
+                f"<li>… {len(found) - MAX_FINDINGS} more: see <code>run.ddp.findings</code></li>"
+            )
+        if not items:
+            return "<b>Findings:</b> none."
+        return f"<b>Findings: {len(found)}</b><ul>{''.join(items)}</ul>"
+
+    def _status(self) -> str:
+        insts = self.model.instances_of(self.rank)
+        if not insts:
+            return WAITING
+        its = sum(len(i.iterations) for i in insts)
+        parts = [f"<b>{len(insts)} DDP instance(s)</b> on rank {self.rank} · {its} iteration(s)"]
+        errors = [f for f in self.model.findings if f.level == "error"]
+        if errors:
+            parts.append(
+                f"<span style='color:{LEVEL_COLORS['error']}'>{len(errors)} check(s)</span>"
+            )
+        if self.model.skipped:
+            parts.append(f"{self.model.skipped} malformed event(s) skipped")
+        return " · ".join(parts)
+
+    # -- widgets ---------------------------------------------------------------------------
+    def _build(self) -> None:
+        self.model.update()
+        self.ddp_selector = widgets.Dropdown(
+            description="DDP",
+            options=self._ddp_options(),
+            value=self.chosen_ddp,
+            layout={"width": "420px"},
+        )
+        self.rank_selector = widgets.Dropdown(
+            description="rank", options=self._rank_options(), value=self.rank
+        )
+        self.status_html = widgets.HTML()
+        self.settings_html = widgets.HTML()
+        self.findings_html = widgets.HTML()
+        self.lifecycle_figure = go.FigureWidget()
+        self.hooks_figure = go.FigureWidget()
+        self.bytes_figure = go.FigureWidget()
+        for control in (self.ddp_selector, self.rank_selector):
+            control.observe(self._on_control, names="value")
+        self.details = widgets.VBox(
+            [
+                self.settings_html,
+                self.lifecycle_figure,
+                _heading("Findings"),
+                self.findings_html,
+                _heading("Hooks and bytes"),
+                self.hooks_figure,
+                self.bytes_figure,
+            ]
+        )
+        self._widget = widgets.VBox(
+            [self.status_html, widgets.HBox([self.ddp_selector, self.rank_selector]), self.details]
+        )
+        self.refresh()
+
+    def _ddp_options(self) -> list[tuple[str, int]]:
+        insts = self.model.instances_of(self.rank)
+        newest = f"newest ({instance_label(insts[-1])})" if insts else "newest"
+        chosen = {self.chosen_ddp} - {NEWEST} - {i.serial for i in insts}
+        return (
+            [(newest, NEWEST)]
+            + [(instance_label(i), i.serial) for i in insts]
+            + [(f"DDP #{s} · not on this rank", s) for s in sorted(chosen)]
+        )
+
+    def _rank_options(self) -> list[tuple[str, int]]:
+        return [(str(r), r) for r in sorted({*self.model.ranks, self.rank})]
+
+    def _on_control(self, _change: dict[str, Any]) -> None:
+        if self._quiet:
+            return
+        self.chosen_ddp = self.ddp_selector.value
+        self.chosen_rank = self.rank_selector.value
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Bring controls and panels up to date (cheap when nothing changed)."""
+        if self._widget is None:
+            return
+        self.model.update()
+        self._sync_controls()
+        revision = self.model.revision
+        if self._changed("status", (revision, self.rank)):
+            self.status_html.value = self._status()
+        inst = self.instance
+        self.details.layout.display = "none" if inst is None else ""
+        if inst is None:
+            return
+        if self._changed("instance", (revision, self.rank, inst.serial)):
+            self.settings_html.value = self.settings_text()
+            self.findings_html.value = self.findings_text()
+            swap_figure(self.lifecycle_figure, figure_lifecycle(self.model, inst.serial, self.rank))
+            swap_figure(self.hooks_figure, figure_hooks(self.model, inst.serial, self.rank))
+        if self._changed("bytes", (revision, self.rank)):
+            swap_figure(self.bytes_figure, figure_bytes(self.model, self.rank))
+
+    def _changed(self, panel: str, key: tuple[Any, ...]) -> bool:
+        if self._drawn.get(panel) == key:
+            return False
+        self._drawn[panel] = key
+        return True
+
+    def _sync_controls(self) -> None:
+        """New ranks and instances appear while the run goes on."""
+        self._quiet = True
+        try:
+            for selector, options, value in (
+                (self.rank_selector, self._rank_options(), self.rank),
+                (self.ddp_selector, self._ddp_options(), self.chosen_ddp),
+            ):
+                if options != list(selector.options):
+                    selector.options = options
+                if selector.value != value:
+                    selector.value = value
+        finally:
+            self._quiet = False
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, list):
+        return ", ".join(map(str, v)) or "—"
+    return "—" if v is None else str(v)
+
+
+def _heading(text: str) -> widgets.HTML:
+    return widgets.HTML(f"<h4 style='margin:12px 0 4px 0'>{html.escape(text)}</h4>")

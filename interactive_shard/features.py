@@ -125,6 +125,15 @@ FEATURES: tuple[Feature, ...] = (
         events="interactive_shard.timeline.events:EVENTS",
         probe="interactive_shard.timeline.probe",
     ),
+    Feature(
+        name="ddp",
+        title="DDP lifecycle",
+        model="interactive_shard.lifecycle.model:LifecycleModel",
+        view="interactive_shard.lifecycle.view:LifecycleView",
+        figures="interactive_shard.lifecycle.figures:report_figures",
+        events="interactive_shard.lifecycle.events:EVENTS",
+        probe="interactive_shard.lifecycle.probe",
+    ),
 )
 
 

@@ -168,7 +168,7 @@ class LifecycleProbe:
         """Emit what the open iteration holds so far (nothing before the first)."""
         with self._lock:
             part, self._part = self._part, Part()
-        if self.iteration >= 1 and not part.empty():
+        if self.iteration >= 1 and not part.empty() and self._run == _current_run():
             self._emit(part.event(self.iteration, self.serial, self.names, self._group))
 
     # -- forward -----------------------------------------------------------------------------
@@ -283,11 +283,15 @@ class LifecycleProbe:
         if not self.attached:
             return
         self._report_dead()
-        if self.iteration >= 1:
+        # Only this instance's own collectives, and the user's while it is open; none in a
+        # cluster.run it has not forwarded in (a probe never detached, from an earlier run).
+        issuer = record[7]
+        mine = issuer == self.serial or (issuer is None and self._open)
+        if self.iteration >= 1 and mine and self._run == _current_run():
             self._hold(record)
 
     def _on_launch(self, launch: _spy.Launch) -> None:
-        if self.attached and self.iteration >= 1:
+        if self.attached and self.iteration >= 1 and self._run == _current_run():
             self._hold(launch)
 
     def _hold(self, item: _ring.Record | _spy.Launch) -> None:

@@ -497,7 +497,7 @@ def test_ddp_native_mixed_precision_fails_on_cpu_and_is_reported(cluster: ish.Cl
     run = cluster.run(_ddp_on_cpu)
     for rank, result in enumerate(run.results):
         assert "cpu backend doesn't support events" in result["error"]
-        assert (result["probes"], result["plain"]) == (["precision"], ["buckets"])
+        assert (result["probes"], result["plain"]) == (["ddp", "precision"], ["buckets", "ddp"])
         (watch,) = _decoded(run, rank, PrecisionWatch)
         assert watch.wrapper == "ddp" and watch.units[0].policy.kind == "_MixedPrecision"
         assert watch.units[0].policy.reduce_dtype == FP32

@@ -119,7 +119,7 @@ def test_views_created_up_front_bunch_every_reduction_after_every_compiled_backw
     # none does.
     interleaved = max(fresh.timeline.overlap(rank=r, iteration=3) for r in range(2))
     bunched = max(up_front.timeline.overlap(rank=r, iteration=3) for r in range(2))
-    assert bunched < 0.05 and interleaved > bunched + 0.1, (interleaved, bunched)
+    assert bunched < 0.02 and interleaved > bunched + 0.02, (interleaved, bunched)
 
 
 def _ddp(ctx: Any, compiled: bool) -> dict[str, Any]:
@@ -145,7 +145,7 @@ def test_ddp_bucket_all_reduces_on_the_time_axis_match_the_bucket_probe(
 ) -> None:
     run = cluster.run(_ddp, compiled)
     assert run.results[0]["probes"] == (
-        ["buckets", "splits", "timeline"] if compiled else ["buckets", "timeline"]
+        ["buckets", "splits", "timeline"] if compiled else ["buckets", "ddp", "timeline"]
     )
     t = run.timeline
     for rank in range(2):
@@ -244,4 +244,4 @@ def test_options_are_checked(cluster: ish.Cluster) -> None:
     need, negative, text, plain = cluster.run(_options).results[0]
     assert "need timeline=True" in need
     assert "depth=-1" in negative and "depth='x'" in text
-    assert plain == "buckets"
+    assert plain == "buckets,ddp"  # timeline=False: not the timeline

@@ -24,6 +24,11 @@ Cases (each on real ranks started by ``ish.Cluster``):
   each block compiled (aot_eager), ``ish.watch(model, timeline=True)``: compute spans
   timed with CUDA events (on the host clock through an anchor event), each unit's
   compiled backward followed by its reduce-scatter in backward, on every rank;
+* ``gloo-shared-gpu-optimizer-in-backward``: the same ranks, DDP with
+  ``_apply_optimizer_in_backward(SGD)`` (fails on CPU: it needs an accelerator) and
+  ``ish.watch``: the lifecycle probe counts the optimizer steps taken inside each
+  backward (one per parameter), gradients are None after backward, parameters moved;
+  SKIP with ``--cpu``;
 * ``nccl-gpu-per-rank``: 2 ranks over NCCL, one GPU each (bucket map and splits with
   aot_eager), where at least 2 GPUs are visible; else SKIP.
 
@@ -43,7 +48,7 @@ from typing import Any
 
 # Seconds from the start by which each case must be done (else it FAILs with a timeout):
 # the whole script stays under 4 minutes, inductor's cold compile gets the most.
-DEADLINES_S = (50.0, 150.0, 170.0, 185.0, 205.0, 235.0)
+DEADLINES_S = (50.0, 145.0, 165.0, 180.0, 198.0, 212.0, 235.0)
 MAX_DETAILS = 1000  # characters of a FAIL line's details
 STEPS = 4
 WIDTH, LAYERS, BATCH = 512, 4, 32
@@ -60,6 +65,7 @@ CASES = (
     "gloo-shared-gpu-precision-fsdp2",
     "gloo-shared-gpu-precision-ddp",
     "gloo-shared-gpu-timeline-fsdp2",
+    "gloo-shared-gpu-optimizer-in-backward",
     "nccl-gpu-per-rank",
 )
 PRECISION_STEPS = 2  # the second iteration is compared: after an optimizer step
@@ -426,6 +432,49 @@ def check_timeline_fsdp2(cluster: Any, deadline: float) -> tuple[str, str]:
     )
 
 
+def _optimizer_in_backward(ctx: Any) -> dict[str, Any]:
+    import torch
+    from torch.distributed.optim import _apply_optimizer_in_backward
+
+    import interactive_shard as ish
+
+    torch.manual_seed(0)
+    model = _net().to(ctx.device)
+    _apply_optimizer_in_backward(torch.optim.SGD, model.parameters(), {"lr": 0.1})
+    ddp = _ddp(ctx, model)
+    watch = ish.watch(ddp)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        ddp(_input(ctx)).sum().backward()
+    _sync(ctx)
+    watch.detach()
+    return {
+        "grads_none": all(p.grad is None for p in model.parameters()),
+        "moved": all(
+            not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)
+        ),
+        "params": len(before),
+    }
+
+
+def check_optimizer_in_backward(cluster: Any, deadline: float) -> tuple[str, str]:
+    run = _wait(cluster.run(_optimizer_in_backward, wait=False), deadline)
+    problems = []
+    for rank, result in enumerate(run.results):
+        if not (result["grads_none"] and result["moved"]):
+            problems.append(f"rank {rank}: {result}")
+    (inst,) = run.ddp.instances
+    steps = [it.steps_in_backward for it in inst.iterations]
+    if not inst.settings["optimizer_in_backward"] or not all(s > 0 for s in steps):
+        problems.append(f"lifecycle: settings {inst.settings}, steps in backward {steps}")
+    if problems:
+        return "FAIL", " | ".join(problems)
+    return "PASS", (
+        f"optimizer steps inside each backward {steps} ({run.results[0]['params']} "
+        "parameters), gradients None after backward, parameters moved, on every rank"
+    )
+
+
 def check_precision_ddp(cluster: Any, deadline: float) -> tuple[str, str]:
     import torch
 
@@ -494,9 +543,9 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     device = "cpu" if args.cpu else "cuda"
-    a, b, c, d, t, e = (start + s for s in DEADLINES_S)
+    a, b, c, d, t, o, e = (start + s for s in DEADLINES_S)
     statuses: dict[str, str] = {}
-    gloo = CASES[:5]
+    gloo = CASES[:6]
     try:
         with ish.Cluster(2, backend="gloo", device=device, **SETTINGS) as cluster:
             statuses[gloo[0]] = _case(gloo[0], check_buckets, cluster, a)
@@ -512,12 +561,21 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 statuses[gloo[3]] = _case(gloo[3], check_precision_ddp, cluster, d)
             statuses[gloo[4]] = _case(gloo[4], check_timeline_fsdp2, cluster, t)
+            if args.cpu:
+                statuses[gloo[5]] = "SKIP"
+                print(
+                    f"SKIP {gloo[5]}: --cpu: _apply_optimizer_in_backward needs an "
+                    "accelerator (on CPU: Cannot access accelerator device)",
+                    flush=True,
+                )
+            else:
+                statuses[gloo[5]] = _case(gloo[5], check_optimizer_in_backward, cluster, o)
     except Exception as err:  # the cluster itself did not start (or stop)
         for name in gloo:
             if name not in statuses:
                 statuses[name] = "FAIL"
                 print(f"FAIL {name}: 2 ranks over gloo on {device}: {_error(err)}", flush=True)
-    nccl_case = CASES[5]
+    nccl_case = CASES[6]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus < 2:
         print(

@@ -80,7 +80,7 @@ def watch_event(ddp: DDP, rec: Recorder, serial: int, fqn: dict[int, str]) -> Li
         recorded_from="process_group" if rec.since == "process_group" else "watch",
         static_graph=bool(ddp.static_graph),
         find_unused_parameters=bool(ddp.find_unused_parameters),
-        forward_sync_buffers=bool(ddp.forward_sync_buffers),
+        forward_sync_buffers=_forward_sync(ddp),
         init_sync_buffers=_init_synced_buffers(ddp, rec, serial, params, buffers),
         gradient_as_bucket_view=bool(ddp.gradient_as_bucket_view),
         delayed=[fqn.get(id(p), "?") for p in ddp._delay_all_reduce_params],
@@ -111,4 +111,10 @@ def _init_synced_buffers(
     if seen and buffers:
         delayed = nbytes(list(ddp._delay_all_reduce_params))
         return sum(r[1] for r in seen) - delayed >= nbytes(params) + nbytes(buffers)
-    return bool(ddp.forward_sync_buffers)
+    return _forward_sync(ddp)
+
+
+def _forward_sync(ddp: Any) -> bool:
+    """Buffers broadcast before every forward: ``forward_sync_buffers`` in torch 2.13,
+    ``broadcast_buffers`` before it."""
+    return bool(getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", True)))

@@ -76,22 +76,31 @@ from interactive_shard.telemetry import rank as telemetry
 
 log = logging.getLogger(__name__)
 
-WATCHES = "torch.nn.parallel.DistributedDataParallel models"
+WATCHES = "torch.nn.parallel.DistributedDataParallel models (also torch.compile'd)"
 OPTIONS: frozenset[str] = frozenset()
 PASSES = 4  # engine-callback passes before the Reducer must have finalized
 SEND_AT = 4096  # collectives held before an iteration goes out in parts
 _engine = torch.autograd.Variable._execution_engine
 
 
+def _inner(obj: object) -> DDP | None:
+    """The DDP model itself, or the one a ``torch.compile``'d model wraps."""
+    inner = getattr(obj, "_orig_mod", obj)
+    return inner if isinstance(inner, DDP) else None
+
+
 def fits(obj: object) -> bool:
-    return isinstance(obj, DDP)
+    return _inner(obj) is not None
 
 
-def attach(ddp: DDP) -> LifecycleProbe:
-    """Record ``ddp``'s lifecycle on this rank (Note [Lifecycle probe]). Events:
-    ``lifecycle_watch`` now, ``lifecycle_iteration`` per iteration, ``lifecycle_check``
-    the moment a check fires."""
-    return LifecycleProbe(ddp)
+def attach(obj: DDP | Any) -> LifecycleProbe:
+    """Record a DDP model's lifecycle on this rank (Note [Lifecycle probe]): ``obj`` is
+    the DDP model or ``torch.compile(ddp)`` (the forward hooks then go on the compiled
+    wrapper: dynamo would trace them on the DDP model). Events: ``lifecycle_watch`` now,
+    ``lifecycle_iteration`` per iteration, ``lifecycle_check`` the moment one fires."""
+    ddp = _inner(obj)
+    assert ddp is not None, f"not a DDP model: {type(obj).__qualname__}"
+    return LifecycleProbe(ddp, outer=obj)
 
 
 class _Forward:
@@ -105,7 +114,7 @@ class _Forward:
 
 
 class LifecycleProbe:
-    def __init__(self, ddp: DDP) -> None:
+    def __init__(self, ddp: DDP, outer: Any = None) -> None:
         self.ddp = ddp
         self.rec = _ring.start(since="watch")
         self.serial = self.rec.instance(ddp).serial
@@ -133,8 +142,9 @@ class LifecycleProbe:
         self.rec.subscribers.append(self._on_record)
         self._undo.append(lambda: self.rec.subscribers.remove(self._on_record))
         self._undo.append(_walk.install())
-        pre = ddp.register_forward_pre_hook(self._before_forward, prepend=True)
-        post = ddp.register_forward_hook(self._after_forward)
+        hooked = ddp if outer is None else outer
+        pre = hooked.register_forward_pre_hook(self._before_forward, prepend=True)
+        post = hooked.register_forward_hook(self._after_forward)
         self._undo += [pre.remove, post.remove]
         for index, p in enumerate(self.tracked):
             handle = p.register_post_accumulate_grad_hook(self._ready_hook(index))
@@ -280,14 +290,14 @@ class LifecycleProbe:
 
     # -- collectives -------------------------------------------------------------------------
     def _on_record(self, record: _ring.Record) -> None:
-        if not self.attached:
+        # Nothing in a cluster.run this instance has not forwarded in (a probe never
+        # detached, from an earlier run); then only its own collectives, and the user's
+        # while its iteration is open.
+        if not self.attached or self._run != _current_run():
             return
         self._report_dead()
-        # Only this instance's own collectives, and the user's while it is open; none in a
-        # cluster.run it has not forwarded in (a probe never detached, from an earlier run).
         issuer = record[7]
-        mine = issuer == self.serial or (issuer is None and self._open)
-        if self.iteration >= 1 and mine and self._run == _current_run():
+        if self.iteration >= 1 and (issuer == self.serial or (issuer is None and self._open)):
             self._hold(record)
 
     def _on_launch(self, launch: _spy.Launch) -> None:

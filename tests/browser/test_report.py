@@ -33,7 +33,14 @@ def test_demo_report_renders_offline(browser: BrowserContext, tmp_path: Path) ->
         # Scalars, bucket map of iteration 1 and of the latest, timeline, health table.
         assert plots.count() >= 5
         body = page.inner_text("body")
-        for section in ("DDP gradient buckets", "graph splits", "Mixed precision", "timeline"):
+        sections = (
+            "DDP gradient buckets",
+            "graph splits",
+            "Mixed precision",
+            "timeline",
+            "DDP lifecycle",
+        )
+        for section in sections:
             assert section in body, section
         SCREENSHOTS.mkdir(exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "demo-report.png"), full_page=True)

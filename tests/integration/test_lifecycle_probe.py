@@ -1,7 +1,7 @@
 """The DDP lifecycle probe on real 2-rank gloo runs: the construction-time sync and the
 buffer broadcasts with their bytes, forwards per backward, the three checks, delayed
 parameters, the find_unused_parameters walk, bit-identical training and detach (Note
-[Lifecycle probe]). The probe is not registered yet: ``attach`` is called directly."""
+[Lifecycle probe]). Most tests call ``attach`` directly; the last ones go through ``ish.watch`` and ``run.ddp``."""
 
 from __future__ import annotations
 
@@ -282,3 +282,53 @@ def _plain_vs_watched(ctx: Any) -> dict[str, bool]:
 
 def test_training_is_bit_identical_and_detach_restores(cluster: ish.Cluster) -> None:
     assert cluster.run(_plain_vs_watched).results == [{"identical": True, "restored": True}] * 2
+
+
+# -- through ish.watch and run.ddp ------------------------------------------------------
+class Block(nn.Module):
+    """Notebook 02's transformer block, small."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, num_heads=2, batch_first=True)
+        self.norm2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+def _healthy(ctx: Any, kind: str, compiled: bool = False) -> list[str]:
+    torch.manual_seed(0)
+    if kind == "transformer":
+        model: nn.Module = nn.Sequential(nn.Embedding(50, 16), Block(), Block(), nn.Linear(16, 50))
+        make = lambda: torch.randint(0, 50, (4, 6))  # noqa: E731
+    else:  # notebook 02's MLP, and notebook 06's shape with a BatchNorm buffer
+        model = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+        make = _x
+    ddp = DDP(model)
+    target = torch.compile(ddp, backend="aot_eager") if compiled else ddp
+    watch = ish.watch(target)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        target(make()).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return sorted(watch.probes)
+
+
+@pytest.mark.parametrize(
+    ("kind", "compiled"), [("mlp", False), ("transformer", False), ("mlp", True)]
+)
+def test_no_check_fires_on_healthy_runs(cluster: ish.Cluster, kind: str, compiled: bool) -> None:
+    run = cluster.run(_healthy, kind, compiled)
+    assert "ddp" in run.results[0]
+    for rank in range(2):
+        (inst,) = run.ddp.instances_of(rank)
+        assert [(it.forwards, it.finished) for it in inst.iterations] == [(1, True)] * 3
+        grads = [c for c in run.ddp.collectives(rank) if c.purpose == "gradients"]
+        assert len(grads) >= 3
+    assert not [f for f in run.ddp.findings if f.level == "error"], run.ddp.findings

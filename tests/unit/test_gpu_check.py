@@ -18,6 +18,7 @@ CASES = [
     "gloo-shared-gpu-precision-fsdp2",
     "gloo-shared-gpu-precision-ddp",
     "gloo-shared-gpu-timeline-fsdp2",
+    "gloo-shared-gpu-optimizer-in-backward",
     "nccl-gpu-per-rank",
 ]
 

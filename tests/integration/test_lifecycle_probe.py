@@ -1,7 +1,8 @@
 """The DDP lifecycle probe on real 2-rank gloo runs: the construction-time sync and the
 buffer broadcasts with their bytes, forwards per backward, the three checks, delayed
 parameters, the find_unused_parameters walk, bit-identical training and detach (Note
-[Lifecycle probe]). Most tests call ``attach`` directly; the last ones go through ``ish.watch`` and ``run.ddp``."""
+[Lifecycle probe]). Most tests call ``attach`` directly; the last ones go through
+``ish.watch`` and ``run.ddp``."""
 
 from __future__ import annotations
 

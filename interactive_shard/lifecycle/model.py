@@ -7,7 +7,6 @@ with a cursor, so it serves a live run and a loaded recording alike. No widgets,
 
 from __future__ import annotations
 
-import logging
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,10 +20,9 @@ from interactive_shard.lifecycle.events import (
     LifecycleIteration,
     LifecycleWatch,
 )
+from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.ui.live import ShowsView
-
-log = logging.getLogger(__name__)
 
 # Collective.caller -> the purpose the view and `collectives()` report.
 PURPOSES = {
@@ -157,31 +155,29 @@ class LifecycleModel(ShowsView):
 
     def __init__(self, store: RunStore) -> None:
         self.store = store
-        self.skipped = 0
         self.revision = 0
-        self._cursor = 0
+        self._events = Cursor(store, _DECODE)
         self._instances: dict[tuple[int, int], Instance] = {}  # (rank, serial)
         self._checks: list[tuple[int, LifecycleCheck]] = []
 
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
-        events = self.store.events(self._cursor)
-        self._cursor += len(events)
         changed = False
-        for e in events:
-            decode = _DECODE.get(e.kind)
-            if decode is None:
-                continue
+        for rank, kind, record in self._events.take():
             try:
-                self._consume(e.rank, msgspec.convert(e.payload, decode))
-            except (msgspec.ValidationError, TypeError, ValueError) as err:
-                self.skipped += 1
-                log.warning("rank %d: skipped a malformed %s event: %s", e.rank, e.kind, err)
+                self._consume(rank, record)
+            except ValueError as err:
+                self._events.skip(rank, kind, err)
                 continue
             changed = True
         if changed:
             self.revision += 1
         return changed
+
+    @property
+    def skipped(self) -> int:
+        """Events (or records in them) that could not be read: logged, not kept."""
+        return self._events.skipped
 
     def _consume(self, rank: int, record: Any) -> None:
         if isinstance(record, LifecycleWatch):

@@ -39,6 +39,7 @@ from interactive_shard.precision.events import (
     PrecisionWatch,
     Unit,
 )
+from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.ui.live import ShowsView
 
@@ -82,33 +83,31 @@ class PrecisionModel(ShowsView):
 
     def __init__(self, store: RunStore) -> None:
         self.store = store
-        self.skipped = 0  # events that did not follow their Struct (logged, not kept)
         self.revision = 0  # grows whenever precision data arrived; views compare it
         self.plan: Plan | None = None
-        self._cursor = 0
+        self._events = Cursor(store, _DECODE)
         self._ranks: dict[int, _Rank] = {}
         self._findings = Findings()
 
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
         """Consume new events; True when precision data changed."""
-        events = self.store.events(self._cursor)
-        self._cursor += len(events)
         changed = False
-        for e in events:
-            decode = _DECODE.get(e.kind)
-            if decode is None:
-                continue
+        for rank, kind, record in self._events.take():
             try:
-                self._consume(e.rank, msgspec.convert(e.payload, decode))
-            except (msgspec.ValidationError, TypeError, Malformed) as err:
-                self.skipped += 1
-                log.warning("rank %d: skipped a malformed %s event: %s", e.rank, e.kind, err)
+                self._consume(rank, record)
+            except Malformed as err:
+                self._events.skip(rank, kind, err)
                 continue
             changed = True
         if changed:
             self.revision += 1
         return changed
+
+    @property
+    def skipped(self) -> int:
+        """Events (or records in them) that could not be read: logged, not kept."""
+        return self._events.skipped
 
     def _consume(self, rank: int, record: Any) -> None:
         if isinstance(record, PrecisionWatch):

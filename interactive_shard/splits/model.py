@@ -9,20 +9,16 @@ planner (``plan.py``) can plan it again here for any cap: the what-if of the vie
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
-
-import msgspec
 
 from interactive_shard import features
 from interactive_shard.splits.compare import Comparison, compare_graph, versus_runtime
 from interactive_shard.splits.events import SplitCompile, SplitNothing
 from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, caps, plan_graph
+from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.ui.live import ShowsView
-
-log = logging.getLogger(__name__)
 
 KINDS = frozenset({SplitCompile.KIND, SplitNothing.KIND})
 
@@ -66,28 +62,16 @@ class SplitsModel(ShowsView):
 
     def __init__(self, store: RunStore) -> None:
         self.store = store
-        self.skipped = 0  # events that did not follow their Struct (logged, not kept)
         self.revision = 0  # grows whenever split data arrived; views compare it
-        self._cursor = 0
+        self._events = Cursor(store, _DECODE, with_rank=True)
         self._ranks: dict[int, _Rank] = {}
         self._buckets: Any = None  # the run's bucket map, for versus_runtime (incremental)
 
     def update(self) -> bool:
         """Consume new events; True when split data changed."""
-        events = self.store.events(self._cursor)
-        self._cursor += len(events)
         changed = False
-        for e in events:
-            decode = _DECODE.get(e.kind)
-            if decode is None:
-                continue
-            try:
-                record = msgspec.convert({**e.payload, "rank": e.rank}, decode)
-            except (msgspec.ValidationError, TypeError) as err:
-                self.skipped += 1
-                log.warning("rank %d: skipped a malformed %s event: %s", e.rank, e.kind, err)
-                continue
-            here = self._ranks.setdefault(e.rank, _Rank())
+        for rank, _kind, record in self._events.take():
+            here = self._ranks.setdefault(rank, _Rank())
             if isinstance(record, Compilation):
                 here.compilations.append(record)
             else:
@@ -96,6 +80,11 @@ class SplitsModel(ShowsView):
         if changed:
             self.revision += 1
         return changed
+
+    @property
+    def skipped(self) -> int:
+        """Events (or records in them) that could not be read: logged, not kept."""
+        return self._events.skipped
 
     # -- what was captured ----------------------------------------------------------------
     @property

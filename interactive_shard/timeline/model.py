@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 import msgspec
 
 from interactive_shard import features
+from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.timeline.chrome import chrome_trace, write_chrome_trace
 from interactive_shard.timeline.events import KINDS, Span, TimelineSpans, TimelineWatch
@@ -105,9 +106,8 @@ class TimelineModel(ShowsView):
 
     def __init__(self, store: RunStore) -> None:
         self.store = store
-        self.skipped = 0  # events (or spans in them) that could not be read (logged)
         self.revision = 0  # grows whenever timeline data arrived; views compare it
-        self._cursor = 0
+        self._events = Cursor(store, _DECODE)
         self._tick = 0  # grows with every batch taken: stamps never repeat, even on restart
         self._ranks: dict[int, _Rank] = {}
         self._cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
@@ -115,23 +115,17 @@ class TimelineModel(ShowsView):
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
         """Consume new events; True when timeline data changed."""
-        events = self.store.events(self._cursor)
-        self._cursor += len(events)
         changed = False
-        for e in events:
-            decode = _DECODE.get(e.kind)
-            if decode is None:
-                continue
-            try:
-                record = msgspec.convert(e.payload, decode)
-            except (msgspec.ValidationError, TypeError) as err:
-                self.skipped += 1
-                log.warning("rank %d: skipped a malformed %s event: %s", e.rank, e.kind, err)
-                continue
-            changed = self._consume(e.rank, record) or changed
+        for rank, _kind, record in self._events.take():
+            changed = self._consume(rank, record) or changed
         if changed:
             self.revision += 1
         return changed
+
+    @property
+    def skipped(self) -> int:
+        """Events (or records in them) that could not be read: logged, not kept."""
+        return self._events.skipped
 
     def _consume(self, rank: int, record: TimelineWatch | TimelineSpans) -> bool:
         here = self._ranks.setdefault(rank, _Rank())
@@ -145,8 +139,7 @@ class TimelineModel(ShowsView):
         good: list[Span] = []
         for span in record.spans:
             if not (math.isfinite(span.end) and span.start <= span.end):
-                self.skipped += 1
-                log.warning("rank %d: skipped a span ending before it starts: %r", rank, span)
+                self._events.skip(rank, "timeline span (it ends before it starts)", span)
             else:
                 good.append(span)
         if not good:

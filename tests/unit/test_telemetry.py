@@ -11,6 +11,7 @@ import zmq
 from support import make_store
 
 from interactive_shard.telemetry import Collector, Emitter, Event, PayloadError
+from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.rank import before_flush
 from interactive_shard.telemetry.schema import SCHEMA_VERSION, Batch, decode_batch, encode_batch
 
@@ -129,3 +130,24 @@ def test_store_is_append_only_with_cursor() -> None:
     assert [e.kind for e in store.events(cursor)] == ["b", "a"]
     assert len(store.of_kind("a")) == 2
     assert store.version == 3
+
+
+def test_cursor_takes_new_events_of_its_kinds_decoded_and_counts_what_does_not_fit() -> None:
+    class Thing(msgspec.Struct, kw_only=True):
+        name: str
+        rank: int = -1
+
+    store = make_store(
+        [
+            Event("thing", 0, 0, 1.0, {"name": "a"}),
+            Event("other", 0, 0, 1.0, {"x": 1}),  # not its kind: passed over
+            Event("thing", 1, 0, 1.0, {"name": 3}),  # does not fit: skipped, counted
+        ]
+    )
+    cursor = Cursor(store, {"thing": Thing}, with_rank=True)
+    assert cursor.take() == [(0, "thing", Thing(name="a", rank=0))]
+    assert cursor.skipped == 1 and cursor.take() == []
+    store.extend([Event("thing", 1, 0, 2.0, {"name": "b"})])
+    assert cursor.take() == [(1, "thing", Thing(name="b", rank=1))]
+    cursor.skip(1, "thing", "a model's own check")
+    assert cursor.skipped == 2

@@ -28,7 +28,7 @@ from interactive_shard.lifecycle.figures import (
 )
 from interactive_shard.lifecycle.model import Finding, Instance, LifecycleModel
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import swap_figure
+from interactive_shard.ui.controls import Panels, swap_figure
 
 __all__ = ["LifecycleView", "report_figures"]
 
@@ -41,7 +41,7 @@ WAITING = (
 )
 
 
-class LifecycleView(live.LazyWidget):
+class LifecycleView(Panels, live.LazyWidget):
     """Live view of a ``LifecycleModel`` (``run.ddp``); ``widget`` is built on first use.
 
     State first, settable before any widget exists: ``rank`` (None: the lowest) and
@@ -214,26 +214,14 @@ class LifecycleView(live.LazyWidget):
         if self._changed("bytes", (revision, self.rank)):
             swap_figure(self.bytes_figure, figure_bytes(self.model, self.rank))
 
-    def _changed(self, panel: str, key: tuple[Any, ...]) -> bool:
-        if self._drawn.get(panel) == key:
-            return False
-        self._drawn[panel] = key
-        return True
-
     def _sync_controls(self) -> None:
         """New ranks and instances appear while the run goes on."""
-        self._quiet = True
-        try:
-            for selector, options, value in (
+        self._set_selectors(
+            (
                 (self.rank_selector, self._rank_options(), self.rank),
                 (self.ddp_selector, self._ddp_options(), self.chosen_ddp),
-            ):
-                if options != list(selector.options):
-                    selector.options = options
-                if selector.value != value:
-                    selector.value = value
-        finally:
-            self._quiet = False
+            )
+        )
 
 
 def _value(v: Any) -> str:

@@ -38,7 +38,7 @@ from interactive_shard.precision.figures_bytes import (
 )
 from interactive_shard.precision.model import PrecisionModel
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import swap_figure
+from interactive_shard.ui.controls import Panels, swap_figure
 
 __all__ = ["PrecisionView", "report_figures"]
 
@@ -46,7 +46,7 @@ LATEST = 0  # iteration selector value that follows the newest iteration
 MAX_FINDINGS = 30  # listed in the widget; all are in PrecisionModel.findings
 
 
-class PrecisionView(live.LazyWidget):
+class PrecisionView(Panels, live.LazyWidget):
     """Live view of a ``PrecisionModel`` (``run.precision``); ``widget`` is built on first use.
 
     State first, settable before any widget exists: ``rank``, ``iteration`` (None follows
@@ -347,27 +347,15 @@ class PrecisionView(live.LazyWidget):
                     trace.on_click(self._on_grid_click)
             self.unit_html.value = self.unit_text()
 
-    def _changed(self, panel: str, key: tuple[Any, ...]) -> bool:
-        if self._drawn.get(panel) == key:
-            return False
-        self._drawn[panel] = key
-        return True
-
     def _sync_controls(self) -> None:
         """New ranks, iterations and units appear while the run goes on."""
-        self._quiet = True
-        try:
-            for selector, options, value in (
+        self._set_selectors(
+            (
                 (self.rank_selector, self._rank_options(), self.rank),
                 (self.iteration_selector, self._iteration_options(), self.chosen_iteration),
                 (self.unit_selector, self._unit_options(), self.unit),
-            ):
-                if options != list(selector.options):
-                    selector.options = options
-                if selector.value != value:
-                    selector.value = value
-        finally:
-            self._quiet = False
+            )
+        )
 
 
 def _name(fqn: str | None) -> str:

@@ -30,7 +30,7 @@ from interactive_shard.splits.figures_lanes import DIFF, fmt_bytes, short_target
 from interactive_shard.splits.model import Compilation, SplitsModel
 from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, SplitPlanError
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import CAP_STEP, clamp_log2, log2_grid, swap_figure
+from interactive_shard.ui.controls import CAP_STEP, Panels, clamp_log2, log2_grid, swap_figure
 
 __all__ = ["SplitsView", "report_figures"]
 
@@ -41,7 +41,7 @@ DEFAULT_CAP_MB = 25.0  # DDP's default, before any compile arrived
 PRE = "<pre style='max-height:420px;overflow:auto;font-size:11px;margin:0'>{}</pre>"
 
 
-class SplitsView(live.LazyWidget):
+class SplitsView(Panels, live.LazyWidget):
     """Live view of a ``SplitsModel`` (``run.splits``); ``widget`` is built on first use.
 
     State first, settable before any widget exists: ``rank``, the compile ``index``
@@ -400,27 +400,15 @@ class SplitsView(live.LazyWidget):
         if self.runtime_html.value != runtime:  # the bucket map fills in after the compile
             self.runtime_html.value = runtime
 
-    def _changed(self, panel: str, key: tuple[Any, ...]) -> bool:
-        if self._drawn.get(panel) == key:
-            return False
-        self._drawn[panel] = key
-        return True
-
     def _sync_controls(self) -> None:
         """New ranks, compiles and partitions appear while the run goes on."""
-        self._quiet = True
-        try:
-            for selector, options, value in (
+        self._set_selectors(
+            (
                 (self.rank_selector, self._rank_options(), self.rank),
                 (self.compile_selector, self._compile_options(), self.chosen_index),
                 (self.partition_selector, self._partition_options(), self._selected_index()),
-            ):
-                if options != list(selector.options):
-                    selector.options = options
-                if selector.value != value:
-                    selector.value = value
-        finally:
-            self._quiet = False
+            )
+        )
 
     def _swap_lanes(self, fig: go.Figure) -> None:
         swap_figure(self.lanes_figure, fig)

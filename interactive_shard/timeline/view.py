@@ -28,7 +28,7 @@ from interactive_shard.timeline.figures_collectives import figure_collectives, f
 from interactive_shard.timeline.figures_lanes import KIND_COLORS
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import swap_figure
+from interactive_shard.ui.controls import Panels, swap_figure
 
 __all__ = ["TimelineView", "report_figures", "versus"]
 
@@ -45,7 +45,7 @@ EXPORT = (
 )
 
 
-class TimelineView(live.LazyWidget):
+class TimelineView(Panels, live.LazyWidget):
     """Live view of a ``TimelineModel`` (``run.timeline``), or of two (``versus``);
     ``widget`` is built on first use.
 
@@ -270,26 +270,14 @@ class TimelineView(live.LazyWidget):
             swap_figure(self.overlap_figure, figure_overlap(self.current))
             swap_figure(self.collectives_figure, figure_collectives(self.current, self.single))
 
-    def _changed(self, panel: str, key: tuple[Any, ...]) -> bool:
-        if self._drawn.get(panel) == key:
-            return False
-        self._drawn[panel] = key
-        return True
-
     def _sync_controls(self) -> None:
         """New ranks and iterations appear while the run goes on."""
-        self._quiet = True
-        try:
-            for selector, options, value in (
+        self._set_selectors(
+            (
                 (self.rank_selector, self._rank_options(), self._rank_value()),
                 (self.iteration_selector, self._iteration_options(), self.chosen_iteration),
-            ):
-                if options != list(selector.options):
-                    selector.options = options
-                if selector.value != value:
-                    selector.value = value
-        finally:
-            self._quiet = False
+            )
+        )
 
 
 def versus(

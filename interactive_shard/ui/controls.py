@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import plotly.graph_objects as go
 
@@ -37,3 +39,31 @@ def log2_grid(recorded: float, bounds: tuple[float, float]) -> tuple[float, floa
     at = math.log2(clamp_log2(recorded, bounds))
     low = at - math.ceil((at - bounds[0]) / CAP_STEP) * CAP_STEP
     return low, low + math.ceil((bounds[1] - low) / CAP_STEP) * CAP_STEP
+
+
+class Panels:
+    """What the views with several panels and selectors share (a mixin of LazyWidget
+    views): a panel is redrawn only when the key it was drawn for changed, and the
+    selectors are updated without the view reacting to its own changes (``_quiet``,
+    which the views' observers check)."""
+
+    _quiet = False
+
+    def _changed(self, panel: str, key: tuple[Any, ...]) -> bool:
+        drawn: dict[str, Any] = self.__dict__.setdefault("_drawn", {})
+        if drawn.get(panel) == key:
+            return False
+        drawn[panel] = key
+        return True
+
+    def _set_selectors(self, selectors: Iterable[tuple[Any, list[Any], Any]]) -> None:
+        """Give each (selector, options, value) its options and value, quietly."""
+        self._quiet = True
+        try:
+            for selector, options, value in selectors:
+                if options != list(selector.options):
+                    selector.options = options
+                if selector.value != value:
+                    selector.value = value
+        finally:
+            self._quiet = False

@@ -145,7 +145,7 @@ def test_ddp_bucket_all_reduces_on_the_time_axis_match_the_bucket_probe(
 ) -> None:
     run = cluster.run(_ddp, compiled)
     assert run.results[0]["probes"] == (
-        ["buckets", "splits", "timeline"] if compiled else ["buckets", "ddp", "timeline"]
+        ["buckets", "ddp", "splits", "timeline"] if compiled else ["buckets", "ddp", "timeline"]
     )
     t = run.timeline
     for rank in range(2):

@@ -269,6 +269,13 @@ class LifecycleProbe:
         if not self.attached:
             return
         part = self._part
+        # After DDP's finalize every bucket's all-reduce is done, but the spy's end-time
+        # callbacks may still wait for the GIL on gloo's worker thread; DDP's next
+        # blocking collective (_rebuild_buckets' broadcast, from Python with the GIL held)
+        # would then wait behind them for ever. Let them run now (as the bucket probe does).
+        with self._lock:
+            launches = [c for c in part.collectives if isinstance(c, _spy.Launch)]
+        _spy.settle(launches)
         part.backward = True
         expected = set(range(len(self.params)))
         part.unready = [self.names[i] for i in sorted(expected - self._got)]

@@ -316,7 +316,7 @@ def _ddp_hooks(rec: Recorder, ddp: DDP) -> None:
             "group_size": size,
             "source": "reducer",
         }
-        rec.collective("all_reduce", launch.start_t, None, detail, launch.work)
+        rec.collective("all_reduce", launch.start_t, None, detail, launch)
 
     spy = _spy.attach(ddp, launched)
     if spy is not None:

@@ -48,16 +48,26 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 class _Open:
     """A collective still running: its span is finished by its future's callback."""
 
-    __slots__ = ("detail", "end", "iteration", "name", "noted", "start", "work")
+    __slots__ = ("detail", "end", "iteration", "launch", "name", "noted", "start", "work")
 
     def __init__(self, iteration: int, name: str, start: float, detail: dict[str, Any]) -> None:
         self.iteration, self.name, self.start, self.detail = iteration, name, start, detail
         self.end: float | None = None
         self.work: Any = None
         self.noted: Any = None
+        self.launch: Any = None  # a bucket all-reduce: the spy's Launch notes its end
 
     def note_end(self, _fut: Any) -> None:
         self.end = clock()
+
+    def settle(self) -> None:
+        """Let a finished collective's end-time callback run (it needs the GIL)."""
+        if self.launch is not None:
+            if self.launch.end_t is None and self.launch.work.done() and self.launch.noted:
+                self.launch.noted.wait()
+            self.end = self.launch.end_t
+        elif self.end is None and self.work.done() and self.noted is not None:
+            self.noted.wait()
 
 
 class Recorder:
@@ -199,9 +209,12 @@ class Recorder:
             self.add("collective", op, start, end, detail)
             return
         entry = _Open(self.iteration, op, start, detail)
-        fut = work.get_future() if hasattr(work, "get_future") else work
-        entry.work = fut
-        entry.noted = fut.then(entry.note_end)
+        if hasattr(work, "end_t"):  # the spy's Launch: no second callback on gloo's thread
+            entry.launch = work
+        else:
+            fut = work.get_future() if hasattr(work, "get_future") else work
+            entry.work = fut
+            entry.noted = fut.then(entry.note_end)
         with self._lock:
             self._open.append(entry)
 
@@ -211,8 +224,7 @@ class Recorder:
             done, self._done = self._done, []
             still: list[_Open] = []
             for entry in self._open:
-                if entry.end is None and entry.work.done() and entry.noted is not None:
-                    entry.noted.wait()  # lets the end-time callback run (it needs the GIL)
+                entry.settle()
                 if entry.end is None:
                     still.append(entry)
                 else:

@@ -108,7 +108,7 @@ from interactive_shard.buckets._probe_state import (
     Scaling,
 )
 from interactive_shard.buckets.events import Checksum
-from interactive_shard.telemetry import rank as telemetry
+from interactive_shard.telemetry.rank import current_run as _current_run
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import GradBucket
@@ -169,11 +169,6 @@ def _probe_comm_hook(probe, bucket):
     # import annotations``, they would be strings. Module-level so that a second
     # ``attach`` recognises it.
     return probe._on_bucket(bucket)
-
-
-def _current_run() -> int | None:
-    emitter = telemetry.emitter()
-    return None if emitter is None else emitter.run
 
 
 class Probe:

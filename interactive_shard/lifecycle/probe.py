@@ -73,6 +73,7 @@ from interactive_shard.lifecycle._part import Part
 from interactive_shard.lifecycle._watch import delayed_owners, watch_event
 from interactive_shard.lifecycle.events import LifecycleCheck
 from interactive_shard.telemetry import rank as telemetry
+from interactive_shard.telemetry.rank import current_run as _current_run
 
 log = logging.getLogger(__name__)
 
@@ -375,8 +376,3 @@ def _tensors(tree: Any, depth: int = 0) -> list[torch.Tensor]:
     if isinstance(tree, (list, tuple)):
         return [t for x in tree for t in _tensors(x, depth + 1)]
     return []
-
-
-def _current_run() -> int | None:
-    emitter = telemetry.emitter()
-    return None if emitter is None else emitter.run

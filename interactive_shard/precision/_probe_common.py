@@ -31,19 +31,16 @@ from interactive_shard.precision.events import (
     PrecisionWatch,
     Unit,
 )
+from interactive_shard.probing import in_backward
 from interactive_shard.telemetry import rank as telemetry
+from interactive_shard.telemetry.rank import current_run
 
 log = logging.getLogger(__name__)
 
-_task_id = torch._C._current_graph_task_id  # -1 outside backward
 _CALL_IMPL = nn.Module._call_impl.__code__
 _FIRST_ONLY = frozenset({"input", "output"})  # a unit's first call per iteration
 MAX_MESSAGE_CHARS = 2000
 SEND_AT = 1024  # records held before a batch goes out early (a very wide model)
-
-
-def in_backward() -> bool:
-    return _task_id() != -1
 
 
 def floating(tree: Any) -> list[torch.Tensor]:
@@ -83,29 +80,8 @@ def output_dtypes(output: Any) -> list[str]:
     return distinct(t.dtype for t in floating(output))
 
 
-def current_run() -> int | None:
-    emitter = telemetry.emitter()
-    return None if emitter is None else emitter.run
-
-
 def emit(event: msgspec.Struct) -> None:
     telemetry.emit(event.KIND, msgspec.to_builtins(event))  # type: ignore[attr-defined]
-
-
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A hook that never breaks the user's step: a probe bug is logged once, not raised."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception:  # pragma: no cover - a bug in the probe, not in the user's model
-            if not getattr(call, "_logged", False):
-                call._logged = True  # type: ignore[attr-defined]
-                log.exception("precision probe: %s failed; it records less from now on", fn)
-            return None
-
-    call.__wrapped__ = fn  # type: ignore[attr-defined]
-    return call
 
 
 class Recorder:

@@ -12,8 +12,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from interactive_shard.precision import _probe_common as common
 from interactive_shard.precision._policy import policy_of
-from interactive_shard.precision._probe_common import Recorder, floating, guarded
+from interactive_shard.precision._probe_common import Recorder, floating
 from interactive_shard.precision.events import Unit
+from interactive_shard.probing import guarded, in_backward
 
 
 def has_mixed_precision(obj: object) -> bool:
@@ -102,7 +103,7 @@ class DdpRecorder(Recorder):
 
     def _before_cast(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         self.begin_forward()
-        self._pending = None if common.in_backward() else floating((args, kwargs))
+        self._pending = None if in_backward() else floating((args, kwargs))
 
     def _after_cast(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         before, self._pending = self._pending, None
@@ -115,7 +116,7 @@ class DdpRecorder(Recorder):
         if output is None:
             self._pending = None
             self.after_root_forward(module, output)
-        elif not common.in_backward():
+        elif not in_backward():
             self.seen("", "output", common.output_dtypes(output))
 
     def _note_grad(self, param: torch.Tensor) -> None:

@@ -13,8 +13,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel, _flat_param, _runti
 
 from interactive_shard.precision import _probe_common as common
 from interactive_shard.precision._policy import policy_of
-from interactive_shard.precision._probe_common import Recorder, floating, guarded
+from interactive_shard.precision._probe_common import Recorder, floating
 from interactive_shard.precision.events import Unit
+from interactive_shard.probing import guarded, in_backward
 
 _WRAPPERS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 _lock = threading.Lock()
@@ -142,7 +143,7 @@ class Fsdp1Recorder(Recorder):
 
     def _before_cast(self, fqn: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
-            if not common.in_backward() and self.attached:
+            if not in_backward() and self.attached:
                 self._pending[fqn] = floating((args, kwargs))
 
         return hook
@@ -150,7 +151,7 @@ class Fsdp1Recorder(Recorder):
     def _after_cast(self, fqn: str, wrapper: Any) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
             before = self._pending.pop(fqn, None)
-            if before is None or common.in_backward():
+            if before is None or in_backward():
                 return
             self.inputs(fqn, before, floating((args, kwargs)))
             handle = wrapper._handle
@@ -165,7 +166,7 @@ class Fsdp1Recorder(Recorder):
                 self._pending.clear()
                 self.after_root_forward(module, output)
                 return
-            if not common.in_backward():
+            if not in_backward():
                 self.seen(fqn, "output", common.output_dtypes(output))
 
         return hook
@@ -177,7 +178,7 @@ class Fsdp1Recorder(Recorder):
 
         def unshard(*args: Any, **kwargs: Any) -> Any:
             out = scoped(*args, **kwargs)
-            if common.in_backward():
+            if in_backward():
                 note()
             return out
 

@@ -13,8 +13,9 @@ from torch.distributed.fsdp import FSDPModule
 
 from interactive_shard.precision import _probe_common as common
 from interactive_shard.precision._policy import policy_of
-from interactive_shard.precision._probe_common import Recorder, floating, guarded
+from interactive_shard.precision._probe_common import Recorder, floating
 from interactive_shard.precision.events import Unit
+from interactive_shard.probing import guarded, in_backward
 
 log = logging.getLogger(__name__)
 
@@ -169,19 +170,19 @@ class Fsdp2Recorder(Recorder):
     def _observe_cast(
         self, fqn: str, args: Any, kwargs: Any, new_args: Any, new_kwargs: Any
     ) -> None:
-        if not common.in_backward():
+        if not in_backward():
             self.inputs(fqn, floating((args, kwargs)), floating((new_args, new_kwargs)))
 
     def _before_cast(self, fqn: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
-            if not common.in_backward() and self.attached:
+            if not in_backward() and self.attached:
                 self._input_before[fqn] = floating((args, kwargs))
 
         return hook
 
     def _after_pre_forward(self, fqn: str, state: Any) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
-            if common.in_backward():
+            if in_backward():
                 return
             before = self._input_before.pop(fqn, None)
             if before is not None:  # torch without _cast_forward_inputs (Note, step 3)
@@ -199,7 +200,7 @@ class Fsdp2Recorder(Recorder):
 
     def _before_output(self, fqn: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if not common.in_backward() and self.attached:
+            if not in_backward() and self.attached:
                 self._output_before[fqn] = [str(t.dtype) for t in floating(output)]
 
         return hook
@@ -209,7 +210,7 @@ class Fsdp2Recorder(Recorder):
             if is_root and output is None:
                 self.after_root_forward(module, output)
                 return
-            if common.in_backward() or not self.attached:
+            if in_backward() or not self.attached:
                 return
             after = [str(t.dtype) for t in floating(output)]
             before = self._output_before.pop(fqn, None)

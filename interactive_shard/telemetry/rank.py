@@ -12,7 +12,15 @@ from typing import Any
 
 from interactive_shard.telemetry.emitter import Emitter, before_flush
 
-__all__ = ["before_flush", "close", "connect", "connect_from_env", "emit", "emitter"]
+__all__ = [
+    "before_flush",
+    "close",
+    "connect",
+    "connect_from_env",
+    "current_run",
+    "emit",
+    "emitter",
+]
 
 _emitter: Emitter | None = None
 
@@ -25,6 +33,12 @@ def set_emitter(emitter: Emitter | None) -> None:
 def emitter() -> Emitter | None:
     """The process's emitter, or None when nothing is connected."""
     return _emitter
+
+
+def current_run() -> int | None:
+    """The ``cluster.run`` this process is in (None: not connected). Probes compare it
+    to tell a model trained in this run from one watched in an earlier run."""
+    return None if _emitter is None else _emitter.run
 
 
 def emit(kind: str, payload: dict[str, Any], step: int | None = None) -> None:

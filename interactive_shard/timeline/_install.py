@@ -17,8 +17,9 @@ from torch.optim.optimizer import (
 )
 
 from interactive_shard.buckets import _spy
+from interactive_shard.probing import guarded, in_backward
 from interactive_shard.timeline import _collectives, _graph
-from interactive_shard.timeline._recorder import Recorder, clock, guarded, in_backward
+from interactive_shard.timeline._recorder import Recorder, clock
 
 try:
     from torch._dynamo.eval_frame import OptimizedModule

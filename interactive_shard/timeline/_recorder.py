@@ -17,32 +17,14 @@ from typing import Any
 import msgspec
 import torch
 
+from interactive_shard.probing import in_backward
 from interactive_shard.telemetry import rank as telemetry
+from interactive_shard.telemetry.rank import current_run as _current_run
 from interactive_shard.timeline.events import Span, TimelineSpans, TimelineWatch
 
 log = logging.getLogger(__name__)
 clock = time.monotonic
 SEND_AT = 4096  # spans held before a batch goes out early
-_task_id = torch._C._current_graph_task_id  # -1 outside backward
-
-
-def in_backward() -> bool:
-    return _task_id() != -1
-
-
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A hook that never breaks the user's step: a probe bug is logged once, not raised."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception:  # pragma: no cover - a bug in the probe, not in the user's model
-            if not getattr(call, "_logged", False):
-                call._logged = True  # type: ignore[attr-defined]
-                log.exception("timeline probe: %s failed; it records less from now on", fn)
-            return None
-
-    return call
 
 
 class _Open:
@@ -257,8 +239,3 @@ class Recorder:
     def _emit(self, event: msgspec.Struct) -> None:
         self.emitted += 1
         telemetry.emit(event.KIND, msgspec.to_builtins(event))  # type: ignore[attr-defined]
-
-
-def _current_run() -> int | None:
-    emitter = telemetry.emitter()
-    return None if emitter is None else emitter.run

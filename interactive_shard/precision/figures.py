@@ -213,44 +213,10 @@ def figure_grid(
     predicted = list(plan.failures) if plan is not None else []
     x_order = [*PHASES, FAILURE] if failures or predicted else list(PHASES)
     if predicted:  # the planner finds every failure; a real run stops at the first
-        fig.add_trace(
-            go.Scatter(
-                name="predicted failure",
-                x=[FAILURE] * len(predicted),
-                y=[label_of.get(f.unit, f.unit) for f in predicted],
-                mode="markers+text",
-                text=[f"in {f.consumer}" for f in predicted],
-                textposition="middle right",
-                marker={"symbol": "x-open", "size": 16, "color": DIFF},
-                hovertext=[
-                    f"<b>predicted</b> in <code>{html.escape(f.consumer)}</code>:<br>"
-                    f"{html.escape(f.message)}"
-                    for f in predicted
-                ],
-                hoverinfo="text",
-            ),
-            1,
-            1,
-        )
+        fig.add_trace(_failure_marks("predicted failure", predicted, label_of, "predicted"), 1, 1)
     if failures:
         fig.add_trace(
-            go.Scatter(
-                name="failure (✖ at its unit)",
-                x=[FAILURE] * len(failures),
-                y=[label_of.get(f.unit, f.unit) for f in failures],
-                mode="markers+text",
-                text=[f"in {f.consumer}" for f in failures],
-                textposition="middle right",
-                marker={"symbol": "x", "size": 18, "color": DIFF},
-                hovertext=[
-                    f"<b>failed</b> in <code>{html.escape(f.consumer)}</code>:<br>"
-                    f"{html.escape(f.message)}"
-                    for f in failures
-                ],
-                hoverinfo="text",
-            ),
-            1,
-            col,
+            _failure_marks("failure (✖ at its unit)", failures, label_of, "failed"), 1, col
         )
     present = {
         dtype_class(d) for ds in (*observed.values(), *planned.values()) for d in ds.values()
@@ -344,3 +310,25 @@ def report_figures(model: PrecisionModel) -> list[go.Figure]:
     if model.findings or (model.plan is not None and model.plan.failures):
         figures.append(figure_findings(model, plan=model.plan))
     return figures
+
+
+def _failure_marks(name: str, failures: list[Any], label_of: dict[str, str], verb: str) -> Any:
+    """A ✖ per failure in the failure column, at its unit's row ("predicted" open)."""
+    return go.Scatter(
+        name=name,
+        x=[FAILURE] * len(failures),
+        y=[label_of.get(f.unit, f.unit) for f in failures],
+        mode="markers+text",
+        text=[f"in {f.consumer}" for f in failures],
+        textposition="middle right",
+        marker={
+            "symbol": "x-open" if verb == "predicted" else "x",
+            "size": 16 if verb == "predicted" else 18,
+            "color": DIFF,
+        },
+        hovertext=[
+            f"<b>{verb}</b> in <code>{html.escape(f.consumer)}</code>:<br>{html.escape(f.message)}"
+            for f in failures
+        ],
+        hoverinfo="text",
+    )

@@ -7,12 +7,18 @@ are append-only, so a model keeps a cursor and consumes only what is new.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import threading
-from collections.abc import Iterable
+from bisect import bisect_left
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from interactive_shard.telemetry.schema import SCHEMA_VERSION, Event
+
+_KIND = operator.attrgetter("kind")
+_FIRST = operator.itemgetter(0)
 
 
 @dataclass
@@ -35,6 +41,8 @@ class RunStore:
     def __init__(self, info: RunInfo) -> None:
         self.info = info
         self._events: list[Event] = []
+        # kind -> (positions in _events, those events): appended in order, so sorted
+        self._by_kind: dict[str, tuple[list[int], list[Event]]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -43,20 +51,49 @@ class RunStore:
         return len(self._events)
 
     def append(self, event: Event) -> None:
-        with self._lock:
-            self._events.append(event)
+        self.extend((event,))
 
     def extend(self, events: Iterable[Event]) -> None:
+        events = list(events)
         with self._lock:
+            at = len(self._events)
             self._events.extend(events)
+            # Runs of one kind (a batch is mostly one kind): one slice per run, C loops.
+            for kind, run in itertools.groupby(events, _KIND):
+                part = list(run)
+                index = self._by_kind.get(kind)
+                if index is None:
+                    index = self._by_kind[kind] = ([], [])
+                index[0].extend(range(at, at + len(part)))
+                index[1].extend(part)
+                at += len(part)
 
     def events(self, start: int = 0) -> list[Event]:
         """A snapshot of the events from index ``start`` (a model's cursor) on."""
         with self._lock:
             return self._events[start:]
 
+    def since(self, start: int, kinds: Collection[str]) -> tuple[list[Event], int]:
+        """The events of ``kinds`` from log position ``start`` on, in log order, and the
+        position to start from next time (a cursor's), read under one lock."""
+        parts: list[tuple[list[int], list[Event]]] = []
+        with self._lock:
+            end = len(self._events)
+            for kind in kinds:
+                index = self._by_kind.get(kind)
+                if index is not None:
+                    first = bisect_left(index[0], start)
+                    if first < len(index[0]):
+                        parts.append((index[0][first:], index[1][first:]))
+        if len(parts) <= 1:
+            return (parts[0][1] if parts else []), end
+        merged = sorted(
+            itertools.chain.from_iterable(zip(*part, strict=True) for part in parts), key=_FIRST
+        )
+        return [e for _, e in merged], end
+
     def of_kind(self, kind: str) -> list[Event]:
-        return [e for e in self.events() if e.kind == kind]
+        return self.since(0, (kind,))[0]
 
     def __len__(self) -> int:
         return len(self._events)

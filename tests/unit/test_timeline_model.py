@@ -8,6 +8,7 @@ reduce-scatter; interleaved, each reduce-scatter runs during the next unit's bac
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -302,9 +303,9 @@ class CountingStore(RunStore):
         super().__init__(store.info)
         self.starts: list[int] = []
 
-    def events(self, start: int = 0) -> list[Event]:
+    def since(self, start: int, kinds: Collection[str]) -> tuple[list[Event], int]:
         self.starts.append(start)
-        return super().events(start)
+        return super().since(start, kinds)
 
 
 def test_update_consumes_only_new_events() -> None:

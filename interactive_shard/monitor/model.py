@@ -7,14 +7,17 @@ Structs (``cluster/events.py``). No widgets here.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 
-import msgspec
+import numpy as np
 
 from interactive_shard.cluster.events import Log, Progress, Scalar, State
 from interactive_shard.cluster.state import RankState
+from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
 
@@ -32,20 +35,75 @@ class RankStatus:
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
 
 
-@dataclass
 class Series:
-    steps: list[int] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
+    """One scalar of one rank: its steps and values, in arrival order.
+
+    Held in numpy arrays that double when full (appending a refresh's points costs
+    those points); ``steps`` / ``values`` are lists for reading, ``step_array`` /
+    ``value_array`` views of the arrays for figures.
+    """
+
+    def __init__(self) -> None:
+        self._steps = np.empty(16, dtype=np.int64)
+        self._values = np.empty(16, dtype=np.float64)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def step_array(self) -> np.ndarray:
+        return self._steps[: self._n]
+
+    @property
+    def value_array(self) -> np.ndarray:
+        return self._values[: self._n]
+
+    @property
+    def steps(self) -> list[int]:
+        return self.step_array.tolist()  # type: ignore[no-any-return]
+
+    @property
+    def values(self) -> list[float]:
+        return self.value_array.tolist()  # type: ignore[no-any-return]
+
+    def extend(self, steps: np.ndarray, values: np.ndarray) -> None:
+        n, more = self._n, len(steps)
+        if n + more > len(self._steps):
+            size = max(2 * len(self._steps), n + more)
+            self._steps = np.resize(self._steps, size)
+            self._values = np.resize(self._values, size)
+        self._steps[n : n + more] = steps
+        self._values[n : n + more] = values
+        self._n = n + more
+
+    def __repr__(self) -> str:
+        return f"Series({self._n} points)"
 
 
 class MonitorModel:
+    """Rank states, steps, logs and scalar series of one run's store.
+
+    ``update`` costs what arrived since the last one: the monitor's own kinds come from
+    the store's index per kind, each kind's payloads decoded in one call (``Cursor``),
+    and of the other kinds (the features') only the steps are read.
+    """
+
     def __init__(self, store: RunStore) -> None:
         self.store = store
         self.ranks = [RankStatus() for _ in range(store.info.world_size)]
         # scalar name -> rank -> series
         self.scalars: dict[str, dict[int, Series]] = {}
-        self.skipped = 0  # events the model could not read (see update)
-        self._cursor = 0
+        self._scalars = Cursor(store, {Scalar.KIND: Scalar})  # the many: read in bulk
+        self._cursor = Cursor(store, {k.KIND: k for k in (Progress, Log, State)})
+        self._others = 0  # log position up to which the other kinds' steps were read
+        self._outside = 0  # events of a rank outside the run
+        self.points = 0  # scalar values read so far: a figure redraws when it grows
+
+    @property
+    def skipped(self) -> int:
+        """Events the model could not read (see ``update``)."""
+        return self._scalars.skipped + self._cursor.skipped + self._outside
 
     def update(self) -> bool:
         """Consume new events; True when anything changed.
@@ -54,46 +112,107 @@ class MonitorModel:
         fit its Struct: an unknown state, a scalar that is not a number...) is skipped
         and counted in ``skipped`` (logged once); the events after it are read as usual.
         """
-        events = self.store.events(self._cursor)
-        self._cursor += len(events)
-        for e in events:
-            try:
-                self._apply(e)
-            except Exception as exc:  # one event must not break the model
-                self._skip(e, exc)
-        return bool(events)
+        skipped = self.skipped
+        events, records = self._cursor.take_records()
+        scalars = self._scalars.take_events()
+        ours = (Scalar.KIND, *self._cursor.decoders)
+        others = [k for k in self.store.kinds() if k not in ours]
+        steps, self._others = self.store.since(self._others, others)
+        ranks, n = self.ranks, len(self.ranks)
+        for e, record in zip(events, records, strict=True):
+            if not 0 <= e.rank < n:
+                self._outside_rank(e)
+            else:
+                status = ranks[e.rank]
+                if e.kind == Progress.KIND:
+                    status.total = record.total
+                elif e.kind == Log.KIND:
+                    status.logs.append(record.text)
+                    continue  # noted in the kernel at step 0: says nothing of the step
+                else:
+                    status.state, status.detail = record.state, record.detail
+                status.step = max(status.step, e.step)
+        self._add_scalars(scalars)
+        for e in steps:  # any kind (a feature's too) tells how far the rank got
+            if not 0 <= e.rank < n:
+                self._outside_rank(e)
+            elif e.step > ranks[e.rank].step:
+                ranks[e.rank].step = e.step
+        return bool(events or scalars or steps or self.skipped != skipped)
 
-    def _apply(self, e: Event) -> None:
-        if not 0 <= e.rank < len(self.ranks):
-            raise ValueError(f"rank {e.rank} outside 0..{len(self.ranks) - 1}")
-        status = self.ranks[e.rank]
-        kind = e.kind
-        # Decoded before anything changes: a payload that does not fit changes nothing.
-        if kind == Scalar.KIND:
-            scalar = msgspec.convert(e.payload, Scalar)
-            series = self.scalars.setdefault(scalar.name, {}).setdefault(e.rank, Series())
-            series.steps.append(e.step)
-            series.values.append(scalar.value)
-        elif kind == Progress.KIND:
-            status.step, status.total = e.step, msgspec.convert(e.payload, Progress).total
-        elif kind == Log.KIND:
-            status.logs.append(msgspec.convert(e.payload, Log).text)
-            return  # noted in the kernel at step 0: says nothing of the rank's step
-        elif kind == State.KIND:
-            state = msgspec.convert(e.payload, State)
-            status.state, status.detail = state.state, state.detail
-        # Any kind (a feature's too) tells how far the rank got.
-        if e.step > status.step:
-            status.step = e.step
+    def _add_scalars(self, events: list[Event]) -> None:
+        """Append ``events`` (scalars) to their series in bulk: numpy groups them by
+        (name, rank), however many arrived (a refresh may bring 100k)."""
+        n = len(self.ranks)
+        ranks = np.fromiter(map(_RANK, events), np.int64, len(events))
+        inside = (ranks >= 0) & (ranks < n)
+        if not inside.all():
+            for i in np.flatnonzero(~inside).tolist():
+                self._outside_rank(events[i])
+            events = list(itertools.compress(events, inside.tolist()))
+        columns = _columns(events)
+        if columns is None:  # some payload does not fit: decode one by one, skip those
+            records = [self._scalars.decode(e) for e in events]
+            events = [e for e, r in zip(events, records, strict=True) if r is not None]
+            kept = [r for r in records if r is not None]
+            columns = [r.name for r in kept], np.array([r.value for r in kept], np.float64)
+        names_of, values = columns
+        count = len(events)
+        if not count:
+            return
+        ranks = np.fromiter(map(_RANK, events), np.int64, count)
+        steps = np.fromiter(map(_STEP, events), np.int64, count)
+        names = sorted(set(names_of))
+        if len(names) == 1:
+            keys = ranks
+        else:
+            code = {name: i for i, name in enumerate(names)}
+            keys = np.fromiter(map(code.__getitem__, names_of), np.int64, count) * n + ranks
+        order = np.argsort(keys, kind="stable")  # stable: each series keeps arrival order
+        starts = np.flatnonzero(np.diff(keys[order])) + 1
+        for chunk in np.split(order, starts):
+            name, rank = divmod(int(keys[chunk[0]]), n)
+            per_rank = self.scalars.setdefault(names[name], {})
+            series = per_rank.get(rank)
+            if series is None:
+                series = per_rank[rank] = Series()
+            series.extend(steps[chunk], values[chunk])
+        top = np.full(n, np.iinfo(np.int64).min)
+        np.maximum.at(top, ranks, steps)
+        for rank in np.flatnonzero(top > np.iinfo(np.int64).min).tolist():
+            self.ranks[rank].step = max(self.ranks[rank].step, int(top[rank]))
+        self.points += count
 
-    def _skip(self, e: Event, exc: Exception) -> None:
-        self.skipped += 1
-        if self.skipped == 1:
+    def _outside_rank(self, e: Event) -> None:
+        self._outside += 1
+        if self._outside == 1:
             log.warning(
-                "run monitor: skipped a %r event of rank %r it cannot read (%s: %s); later "
-                "ones are counted in MonitorModel.skipped",
+                "run monitor: skipped a %r event of rank %r, outside this run's ranks "
+                "0..%d; later ones are counted in MonitorModel.skipped",
                 e.kind,
                 e.rank,
-                type(exc).__name__,
-                exc,
+                len(self.ranks) - 1,
             )
+
+
+_NUMBERS = {int, float}
+_RANK, _STEP, _PAYLOAD = (operator.attrgetter(a) for a in ("rank", "step", "payload"))
+_VALUE = operator.itemgetter("value")
+
+
+def _columns(events: list[Event]) -> tuple[list[str], np.ndarray] | None:
+    """The names and values of scalar events when every payload fits ``Scalar`` (the
+    common case), read in C loops; None when one does not (the caller decodes them one
+    by one). The same rules as ``msgspec.convert(payload, Scalar)``: ``value`` an int or
+    a float (not a bool) within float range, ``name`` a str (default ``"value"``)."""
+    payloads = list(map(_PAYLOAD, events))
+    try:
+        values = list(map(_VALUE, payloads))
+        if not set(map(type, values)) <= _NUMBERS:
+            return None
+        names = list(map(dict.get, payloads, itertools.repeat("name"), itertools.repeat("value")))
+        if set(map(type, names)) - {str}:
+            return None
+        return names, np.array(values, dtype=np.float64)
+    except (KeyError, OverflowError):
+        return None

@@ -39,6 +39,7 @@ class Cursor:
         self.with_rank = with_rank
         self.position = 0
         self.skipped = 0
+        self._logged: set[str] = set()
 
     def take_events(self) -> list[Event]:
         """The new events of the cursor's kinds, undecoded."""
@@ -46,15 +47,30 @@ class Cursor:
         return events
 
     def take(self) -> list[tuple[int, str, Any]]:
+        events, records = self.take_records()
+        return [(e.rank, e.kind, r) for e, r in zip(events, records, strict=True)]
+
+    def take_records(self) -> tuple[list[Event], list[Any]]:
+        """The new events of the cursor's kinds that decode, and their records (aligned).
+
+        Two lists, not a list of pairs: 100k new events would otherwise make 100k tuples
+        the garbage collector tracks, and its collections then cost more than the rest.
+        """
         events = self.take_events()
+        kinds = set(self.decoders) if len(self.decoders) == 1 else {e.kind for e in events}
         if not events:
-            return []
-        records = {
-            kind: iter(self._convert(kind, [e for e in events if e.kind == kind]))
-            for kind in {e.kind for e in events}
-        }
-        out = [(e.rank, e.kind, next(records[e.kind])) for e in events]
-        return [item for item in out if item[2] is not None]
+            return [], []
+        if len(kinds) == 1:
+            records = self._convert(kinds.pop(), events)
+        else:
+            per_kind = {
+                k: iter(self._convert(k, [e for e in events if e.kind == k])) for k in kinds
+            }
+            records = [next(per_kind[e.kind]) for e in events]
+        if None in records:  # identity and equality: a record is never equal to None
+            kept = [i for i, r in enumerate(records) if r is not None]
+            return [events[i] for i in kept], [records[i] for i in kept]
+        return events, records
 
     def decode(self, event: Event) -> Any | None:
         """One event's record, or None (skipped and counted) when it does not fit."""
@@ -70,12 +86,25 @@ class Cursor:
     def _convert(self, kind: str, events: list[Event]) -> list[Any | None]:
         """The records of ``events`` (all of ``kind``), None where one does not fit."""
         try:
-            payloads = [self._payload(e) for e in events]
+            payloads = (
+                [self._payload(e) for e in events]
+                if self.with_rank
+                else [e.payload for e in events]
+            )
             return msgspec.convert(payloads, list[self.decoders[kind]])  # type: ignore[name-defined]
         except (msgspec.ValidationError, TypeError):
             return [self.decode(e) for e in events]
 
     def skip(self, rank: int, kind: str, why: object) -> None:
-        """Count and log one malformed event (or record) of ``rank``."""
+        """Count one malformed event (or record) of ``rank``; the first of each kind is
+        logged, the others only counted (a flood of bad events must not flood the log)."""
         self.skipped += 1
-        log.warning("rank %d: skipped a malformed %s event: %s", rank, kind, why)
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning(
+                "rank %d: skipped a malformed %s event (the model cannot read it: %s); "
+                "later ones are only counted (skipped)",
+                rank,
+                kind,
+                why,
+            )

@@ -92,6 +92,11 @@ class RunStore:
         )
         return [e for _, e in merged], end
 
+    def kinds(self) -> list[str]:
+        """Every kind stored so far, in the order each first arrived."""
+        with self._lock:
+            return list(self._by_kind)
+
     def of_kind(self, kind: str) -> list[Event]:
         return self.since(0, (kind,))[0]
 

@@ -141,7 +141,11 @@ def test_model_skips_an_event_it_cannot_read_and_keeps_the_ones_after(
     assert 1 not in model.scalars["loss"]
     assert [r.state for r in model.ranks] == [RankState.STARTING, RankState.RUNNING]
     assert model.skipped == 2
-    assert len([r for r in caplog.records if "cannot read" in r.getMessage()]) == 1
+    said = [r.getMessage() for r in caplog.records if "cannot read" in r.getMessage()]
+    assert sorted(m.split()[5] for m in said) == ["scalar", "state"]  # once per kind
+    store.append(Event("scalar", 1, 2, 0.0, {"name": "loss", "value": "high"}))
+    model.update()
+    assert model.skipped == 3 and len(caplog.records) == len(said)  # counted, not said
 
 
 def test_events_built_with_their_structs_are_what_the_model_reads() -> None:
@@ -176,3 +180,37 @@ def test_model_counts_a_scalar_that_is_not_a_number_and_reads_an_empty_progress(
     model.update()
     assert model.scalars == {} and model.skipped == 1
     assert (model.ranks[1].step, model.ranks[1].total) == (4, None)
+
+
+def test_scalars_in_bulk_keep_each_series_order_across_names_ranks_and_bad_events() -> None:
+    store = _store()
+    events = [
+        Event("scalar", i % 2, i, 0.0, {"name": ("loss", "lr")[i % 3 == 0], "value": i})
+        for i in range(1, 301)
+    ]
+    events[7] = Event("scalar", 5, 8, 0.0, {"value": 1.0})  # a rank outside the run
+    events[9] = Event("scalar", 0, 10, 0.0, {"name": "loss", "value": True})  # not a number
+    store.extend(events)
+    model = MonitorModel(store)
+    model.update()
+    expect: dict[tuple[str, int], list[float]] = {}
+    for e in events:
+        if e.rank < 2 and type(e.payload["value"]) is int:
+            expect.setdefault((e.payload["name"], e.rank), []).append(float(e.step))
+    got = {(n, r): s.values for n, per in model.scalars.items() for r, s in per.items()}
+    assert got == expect and model.skipped == 2
+    assert [r.step for r in model.ranks] == [300, 299]
+    assert model.scalars["loss"][0].steps == [int(v) for v in expect[("loss", 0)]]
+
+
+def test_a_thinned_line_says_so_in_the_title() -> None:
+    from interactive_shard.monitor.figures import LIVE_POINTS, REPORT_POINTS, report_figures
+
+    store = _store()
+    store.extend(Event("scalar", 0, i, 0.0, {"name": "loss", "value": i}) for i in range(12_000))
+    model = MonitorModel(store)
+    model.update()
+    assert "every 6th point of 12,000 shown" in figure_scalars(model, LIVE_POINTS).layout.title.text
+    (report,) = report_figures(model)
+    assert len(report.data[0].x) <= REPORT_POINTS + 1 and "12,000" in report.layout.title.text
+    assert figure_scalars(model).layout.title.text == "Scalars emitted by the ranks"

@@ -23,6 +23,7 @@ from interactive_shard.buckets import (
     plan_buckets,
 )
 from interactive_shard.buckets._assign import Item, assign_by_size
+from interactive_shard.example_models import LlamaConfig, llama_7b
 
 torch_assign = getattr(dist, "_compute_bucket_assignment_by_size", None)
 needs_torch_assign = pytest.mark.skipif(torch_assign is None, reason="torch lacks the function")
@@ -123,6 +124,29 @@ def test_assign_by_size_equals_torch(seed: int) -> None:
 
 
 @needs_torch_assign
+@pytest.mark.parametrize("limits", [[0], [1], [64], [0, 100], [sys.maxsize], [16, 0, 40]])
+def test_assign_with_empty_tensors_and_zero_limits_equals_torch(limits: list[int]) -> None:
+    # The assignment searches running byte totals: empty tensors make equal totals,
+    # and a zero limit closes a bucket at its first tensor.
+    shapes = [(0,), (4,), (0,), (0,), (16,), (1,), (0, 3), (8,), (0,)]
+    for dtypes in ([torch.float32], [torch.float32, torch.float16]):
+        tensors = [
+            torch.empty(shape, dtype=dtypes[i % len(dtypes)], device="meta")
+            for i, shape in enumerate(shapes)
+        ]
+        for ready in (None, list(reversed(range(len(shapes))))):
+            order = ready if ready is not None else list(range(len(shapes)))
+            walk = [tensors[i] for i in order]
+            args = (walk, limits, [False] * len(walk))
+            expected = torch_assign(*args, ready) if ready else torch_assign(*args)
+            items = [
+                Item(i, (tensors[i].dtype, tensors[i].device), tensors[i].nbytes) for i in order
+            ]
+            got = assign_by_size(items, limits, gradient_ready_order=ready is not None)
+            assert [b for b, _ in got] == expected[0] and [lim for _, lim in got] == expected[1]
+
+
+@needs_torch_assign
 def test_open_bucket_order_matches_torch_beyond_reverse_insertion() -> None:
     # With several dtypes std::unordered_map does not always return reverse insertion
     # order; the planner must still agree with torch.
@@ -199,6 +223,47 @@ def test_ten_thousand_meta_parameters() -> None:
 
 
 # -- DDP's rules, stated ----------------------------------------------------------------------
+
+
+@needs_capacity_config
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"bucket_cap_mb": 100}, {"find_unused_parameters": True}, {"static_graph": True}],
+)
+def test_seven_billion_meta_transformer_equals_torch(kwargs: dict) -> None:
+    # A real layout (issue 12): 32 Llama blocks on the meta device, 291 parameters,
+    # 6.7 B elements; the module and its (fqn, tensor) pairs plan alike.
+    model = llama_7b()
+    params = list(model.named_parameters())
+    assert len(params) == LlamaConfig().parameters == 291
+    assert sum(t.numel() for _, t in params) == LlamaConfig().elements > 6.7e9
+    plan = plan_buckets(model, **kwargs)
+    assert plan.param_order == [name for name, _ in params]
+    ready = list(reversed(range(len(params))))  # DDP's guess before it has seen a backward
+    first, rebuilt = torch_reference(
+        params,
+        ready,
+        cap_mb=kwargs.get("bucket_cap_mb"),
+        find_unused=kwargs.get("find_unused_parameters", False),
+        static_graph=kwargs.get("static_graph", False),
+    )
+    assert fqns(plan.first_iteration) == first
+    assert fqns(plan.rebuilt) == rebuilt
+    assert fqns(plan_buckets(params, **kwargs).rebuilt) == rebuilt
+    if plan.rebuilds:
+        assert len(plan.rebuilt) > 100  # a 64 MiB projection already fills a 25 MiB bucket
+        assert plan.rebuilt[0].fqns == ["lm_head.weight"]  # ready first, alone
+
+
+@needs_capacity_config
+def test_seven_billion_layout_with_the_forward_ready_order_equals_torch() -> None:
+    params = list(llama_7b(torch.bfloat16).named_parameters())
+    rng = random.Random(5)
+    ready = rng.sample(range(len(params)), len(params))
+    plan = plan_buckets(params, ready_order=[params[i][0] for i in ready], bucket_cap_mb=50)
+    first, rebuilt = torch_reference(params, ready, cap_mb=50)
+    assert fqns(plan.first_iteration) == first and fqns(plan.rebuilt) == rebuilt
+    assert {b.dtype for b in plan.rebuilt} == {"torch.bfloat16"}
 
 
 def test_iteration_one_is_one_bucket_in_registration_order() -> None:

@@ -124,7 +124,7 @@ def event_problem(event: Event, world_size: int, *, walk_payload: bool = True) -
 
     Types are checked too: a decoded event has them already, but one built in Python
     (``Event`` does not check its arguments) may not. ``walk_payload=False`` skips the
-    payload walk, for a line with too few brackets to nest beyond ``MAX_PAYLOAD_DEPTH``.
+    payload walk, for an event the typed decoder built (it bounded the payload already).
     """
     kind, rank, step, t, payload = event.kind, event.rank, event.step, event.t, event.payload
     if not isinstance(kind, str):
@@ -154,12 +154,3 @@ def _values_problem(mapping: dict[Any, Any]) -> str | None:
             if problem is not None:
                 return f"value {short(key)} {problem}"
     return None
-
-
-def may_nest_too_deep(line: bytes) -> bool:
-    """Whether an event line has brackets enough to nest beyond ``MAX_PAYLOAD_DEPTH`` (a
-    C-speed count, so most lines skip the payload walk). Brackets in strings count too:
-    the safe side.
-    """
-    # +2: the event's array and the payload's object
-    return line.count(b"[") + line.count(b"{") > MAX_PAYLOAD_DEPTH + 2

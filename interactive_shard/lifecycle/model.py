@@ -3,17 +3,29 @@ iterations, collectives by purpose, the checks that fired and advice from what w
 
 Consumes the ``lifecycle_*`` events of a ``RunStore`` (``events.py``, ``docs/events.md``)
 with a cursor, so it serves a live run and a loaded recording alike. No widgets, no torch.
+
+Scale: an update costs what arrived since the last one, in bulk. Each instance keeps
+its iterations as numpy columns (``_table.IterationTable``: a batch of events merged in
+a few numpy calls); the ``Iteration`` objects of ``Instance.iterations`` are built from
+them (and the raw events, for the collectives' details) only when read, and cached.
+The figures and the view read the columns.
 """
 
 from __future__ import annotations
 
-import statistics
+import dataclasses
+import logging
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from interactive_shard import features
+from interactive_shard.lifecycle._table import PURPOSE_ORDER as PURPOSE_ORDER
+from interactive_shard.lifecycle._table import PURPOSES as PURPOSES
+from interactive_shard.lifecycle._table import IterationTable, NamePool, Parts, decode
 from interactive_shard.lifecycle.events import (
     Collective,
     LifecycleCheck,
@@ -21,17 +33,12 @@ from interactive_shard.lifecycle.events import (
     LifecycleWatch,
 )
 from interactive_shard.telemetry.consume import Cursor
+from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.ui.live import ShowsView
 
-# Collective.caller -> the purpose the view and `collectives()` report.
-PURPOSES = {
-    "reducer": "gradients",
-    "sync_buffers": "buffers",
-    "ddp_init": "construction",
-    "delayed_all_reduce": "delayed",
-}
-PURPOSE_ORDER = ("gradients", "buffers", "construction", "delayed", "other")
+log = logging.getLogger(__name__)
+
 SETTINGS = (
     "static_graph",
     "find_unused_parameters",
@@ -44,6 +51,7 @@ SETTINGS = (
     "mixed_precision",
     "optimizer_in_backward",
 )
+_WATCH, _ITERATION, _CHECK = LifecycleWatch.KIND, LifecycleIteration.KIND, LifecycleCheck.KIND
 
 
 @dataclass(frozen=True)
@@ -93,19 +101,35 @@ class Iteration:
         return sum(c.nbytes for c in self.collectives if c.purpose == "delayed")
 
 
-@dataclass
 class Instance:
-    """One DDP object on one rank, in creation order (``serial``)."""
+    """One DDP object on one rank, in creation order (``serial``).
 
-    serial: int
-    rank: int
-    watch: LifecycleWatch
-    iterations: list[Iteration] = field(default_factory=list)
-    # A new probe (ish.watch again after a detach) counts iterations from 1 again; its
-    # indices are shifted past the history (``offset``), decided by the first index seen
-    # after the watch: one not past ``rewatched`` (the last index then) is a restart.
-    offset: int = 0
-    rewatched: int | None = None
+    ``table`` holds its iterations as columns (what the figures read);
+    ``iterations`` builds ``Iteration`` objects from it on first read (cached).
+    """
+
+    def __init__(self, serial: int, rank: int, watch: LifecycleWatch, model: LifecycleModel):
+        self.serial = serial
+        self.rank = rank
+        self.watches = [watch]  # every watch of it; the last is current
+        self.table = IterationTable(model.names)
+        self._model = model
+        self._built: list[Iteration] = []  # Iteration objects of the first rows
+        # A new probe (ish.watch again after a detach) counts iterations from 1 again;
+        # its indices are shifted past the history (``offset``), decided by the first
+        # index seen after the watch: one not past ``rewatched`` (the last index then)
+        # is a restart.
+        self.offset = 0
+        self.rewatched: int | None = None
+
+    @property
+    def watch(self) -> LifecycleWatch:
+        return self.watches[-1]
+
+    def rewatch(self, watch: LifecycleWatch) -> None:
+        """Watched again in a later run: new settings and hooks, same history."""
+        self.watches.append(watch)
+        self.rewatched = int(self.table.col("index")[-1]) if len(self.table) else 0
 
     def shift(self, index: int) -> int:
         """``index`` as the probe sent it -> this instance's history index."""
@@ -114,6 +138,13 @@ class Instance:
                 self.offset = self.rewatched
             self.rewatched = None
         return index + self.offset if index >= 1 else index
+
+    def add(self, parts: Parts) -> None:
+        """This instance's parts of a batch (in arrival order, indices as sent)."""
+        index = parts.cols["index"]
+        index[:] = self.shift(int(index[0])) - int(index[0]) + index
+        parts.cols["watch"][:] = len(self.watches) - 1
+        self._built[self.table.add(parts) :] = []
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -128,8 +159,67 @@ class Instance:
     def construction(self) -> list[ObservedCollective]:
         return [_observed(c, self.rank, 0) for c in self.watch.construction]
 
+    @property
+    def iteration_count(self) -> int:
+        """len(iterations), without building them."""
+        return len(self.table)
+
+    @property
+    def iterations(self) -> list[Iteration]:
+        """Every iteration, in index order (built from the columns when first read)."""
+        if len(self._built) < len(self.table):
+            self._built += self._build(len(self._built), len(self.table))
+        return list(self._built)
+
     def iteration(self, index: int) -> Iteration | None:
-        return next((it for it in self.iterations if it.index == index), None)
+        row = self.table.row(index)
+        if row is None:
+            return None
+        return self._built[row] if row < len(self._built) else self._build(row, row + 1)[0]
+
+    def _build(self, start: int, stop: int) -> list[Iteration]:
+        """``Iteration`` objects of rows ``start:stop``, their collectives decoded from
+        the raw events (the columns hold only their bytes)."""
+        t = self.table
+        index = t.col("index")
+        low, high = int(index[start]), int(index[stop - 1])
+        raw = t.raw_index
+        at = np.flatnonzero((raw >= low) & (raw <= high))
+        at = at[np.argsort(raw[at], kind="stable")]
+        records = self._model._details([t.raw[i] for i in at.tolist()])
+        by_index: dict[int, list[ObservedCollective]] = {}
+        for i, record in zip(raw[at].tolist(), records, strict=True):
+            if record is not None:
+                by_index.setdefault(i, []).extend(
+                    _observed(c, self.rank, i) for c in record.collectives
+                )
+        names, cols = (
+            t.names.tuples,
+            {k: t.col(k)[start:stop].tolist() for k in _BUILT + _BUILT_NAMES},
+        )
+        out = []
+        for k, i in enumerate(cols["index"]):
+            finished, walk = cols["finished"][k], cols["walk"][k]
+            out.append(
+                Iteration(
+                    index=i,
+                    forwards=cols["forwards"][k],
+                    dropped=cols["dropped"][k],
+                    backward=cols["backward"][k],
+                    finished=None if finished != finished else bool(finished),  # nan: None
+                    waited_for=list(names[cols["unready"][k]]),
+                    ready=list(names[cols["ready"][k]]),
+                    collectives=by_index.get(i, []),
+                    walk_s=None if walk != walk else walk,
+                    steps_in_backward=cols["steps"][k],
+                    delayed_names=list(self.watches[cols["watch"][k]].delayed),
+                )
+            )
+        return out
+
+
+_BUILT = ("index", "forwards", "dropped", "backward", "finished", "walk", "steps", "watch")
+_BUILT_NAMES = ("ready", "unready")
 
 
 @dataclass(frozen=True)
@@ -156,20 +246,26 @@ class LifecycleModel(ShowsView):
     def __init__(self, store: RunStore) -> None:
         self.store = store
         self.revision = 0
+        self.names = NamePool()  # ready orders and unready sets of every instance
         self._events = Cursor(store, _DECODE)
         self._instances: dict[tuple[int, int], Instance] = {}  # (rank, serial)
-        self._checks: list[tuple[int, LifecycleCheck]] = []
+        self._checks: list[Finding] = []  # merged over ranks, in order of arrival
+        self._merged: dict[tuple[str, int, int], int] = {}  # (check, ddp, it) -> position
+        self._advice: tuple[int, list[Finding]] = (-1, [])
+        self._undecodable: set[int] = set()  # id() of raw parts whose details failed
 
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
-        changed = False
-        for rank, kind, record in self._events.take():
-            try:
-                self._consume(rank, record)
-            except ValueError as err:
-                self._events.skip(rank, kind, err)
-                continue
-            changed = True
+        start = self._events.position
+        events = self._events.take_events()
+        if not events:
+            return False
+        # The store's per-kind index says whether watches or checks came too (usually
+        # not): if none did, every event is an iteration part and none is looked at here.
+        if self.store.since(start, (_WATCH, _CHECK))[0]:
+            changed = self._mixed(events)
+        else:
+            changed = self._segment(events, np.arange(len(events)), [])
         if changed:
             self.revision += 1
         return changed
@@ -179,41 +275,126 @@ class LifecycleModel(ShowsView):
         """Events (or records in them) that could not be read: logged, not kept."""
         return self._events.skipped
 
-    def _consume(self, rank: int, record: Any) -> None:
-        if isinstance(record, LifecycleWatch):
-            known = self._instances.get((rank, record.ddp))
-            if known is None:
-                self._instances[(rank, record.ddp)] = Instance(record.ddp, rank, record)
-            else:  # watched again in a later run: new settings and hooks, same history
-                known.watch = record
-                known.rewatched = max((i.index for i in known.iterations), default=0)
-            return
-        here = self._instances.get((rank, record.ddp))
-        if isinstance(record, LifecycleCheck):
-            if here is not None:
-                index = here.shift(record.iteration)
-                record = msgspec.structs.replace(record, iteration=index)
-            self._checks.append((rank, record))
-            return
-        if here is None:
-            raise ValueError(f"lifecycle_iteration of DDP instance {record.ddp} before its watch")
-        index = here.shift(record.iteration)
-        it = here.iteration(index)
-        if it is None:
-            it = Iteration(index, delayed_names=list(here.watch.delayed))
-            here.iterations.append(it)
-            here.iterations.sort(key=lambda i: i.index)
-        it.forwards += record.forwards
-        it.dropped += record.dropped
-        it.backward |= record.backward
-        if record.finished is not None:
-            it.finished = record.finished
-        it.waited_for += record.unready
-        it.ready += record.ready
-        it.collectives += [_observed(c, rank, index) for c in record.collectives]
-        if record.walk_s is not None:
-            it.walk_s = (it.walk_s or 0.0) + record.walk_s
-        it.steps_in_backward += record.steps_in_backward
+    def _mixed(self, events: list[Event]) -> bool:
+        """Events of every kind, in order: iteration parts in bulk between watches
+        (a watch changes which instance a part belongs to, and its shift)."""
+        kinds = list(map(attrgetter("kind"), events))
+        rare = [i for i, k in enumerate(kinds) if k != _ITERATION]
+        changed, begin, checks = False, 0, []
+        for i in [*rare, len(events)]:
+            watch = i < len(events) and kinds[i] == _WATCH
+            if i < len(events) and not watch:
+                checks.append(i)
+                continue
+            changed |= self._between(events, begin, i, checks)
+            record = self._events.decode(events[i]) if watch else None
+            if record is not None:
+                self._watch(events[i].rank, record)
+                changed = True
+            begin, checks = i + 1, []
+        return changed
+
+    def _between(self, events: list[Event], begin: int, end: int, checks: list[int]) -> bool:
+        """Events ``begin:end``: iteration parts, and checks at positions ``checks``."""
+        parts, at, prev = [], [], begin
+        for stop in [*checks, end]:
+            parts += events[prev:stop]
+            at.append(np.arange(prev, stop))
+            prev = stop + 1
+        decoded = []
+        for i in checks:
+            record = self._events.decode(events[i])
+            if record is not None:
+                decoded.append((i, events[i].rank, record))
+        return self._segment(parts, np.concatenate(at), decoded)
+
+    def _segment(
+        self, events: list[Event], at: Any, checks: list[tuple[int, int, LifecycleCheck]]
+    ) -> bool:
+        """Iteration parts (store order; ``at``: their positions) and the checks among
+        them, with no watch in between: the parts go to their instances' tables in bulk.
+        Order matters only for an instance watched again, whose first part or check
+        decides its shift (``Instance.shift``): both go in position order."""
+        parts = decode(events, self._skip_part) if events else None
+        adds: list[tuple[int, Instance, Parts]] = []
+        if parts is not None and len(parts):
+            at = at[parts.cols["at"]]
+            for (rank, ddp), sel in _groups(parts.cols["rank"], parts.cols["ddp"]):
+                inst = self._instances.get((rank, ddp))
+                if inst is None:
+                    self._orphans(rank, ddp, len(sel))
+                else:
+                    adds.append((int(at[sel[0]]), inst, parts.take(sel)))
+        adds.sort(key=lambda a: a[0])
+        pending = iter(adds)
+        nxt = next(pending, None)
+        for position, rank, check in checks:
+            while nxt is not None and nxt[0] < position:
+                nxt[1].add(nxt[2])
+                nxt = next(pending, None)
+            self._check(rank, check)
+        while nxt is not None:
+            nxt[1].add(nxt[2])
+            nxt = next(pending, None)
+        return bool(adds or checks)
+
+    def _skip_part(self, event: Event, why: Exception) -> None:
+        self._events.skip(event.rank, event.kind, why)
+
+    def _orphans(self, rank: int, ddp: int, n: int) -> None:
+        """Parts of an instance not watched (yet): skipped, one warning for them all."""
+        why = f"{n} lifecycle_iteration event(s) of DDP instance {ddp} before its watch"
+        self._events.skip(rank, _ITERATION, why)
+        self._events.skipped += n - 1
+
+    def _watch(self, rank: int, record: LifecycleWatch) -> None:
+        known = self._instances.get((rank, record.ddp))
+        if known is None:
+            self._instances[(rank, record.ddp)] = Instance(record.ddp, rank, record, self)
+        else:
+            known.rewatch(record)
+
+    def _check(self, rank: int, check: LifecycleCheck) -> None:
+        """One check merged into the findings (one per kind, instance and iteration)."""
+        here = self._instances.get((rank, check.ddp))
+        if here is not None:
+            check = msgspec.structs.replace(check, iteration=here.shift(check.iteration))
+        key = (check.check, check.ddp, check.iteration)
+        at = self._merged.get(key)
+        if at is None:
+            self._merged[key] = len(self._checks)
+            self._checks.append(
+                Finding(
+                    check.check,
+                    check.iteration,
+                    [rank],
+                    list(check.fqns),
+                    check.message,
+                    "error",
+                    check.ddp,
+                )
+            )
+        elif rank not in (found := self._checks[at]).ranks:
+            self._checks[at] = dataclasses.replace(found, ranks=sorted([*found.ranks, rank]))
+
+    def _details(self, events: list[Event]) -> list[LifecycleIteration | None]:
+        """Full records of raw parts (for their collectives), one msgspec call; a part
+        whose details do not fit is skipped, and counted once."""
+        try:
+            whole: list[LifecycleIteration | None]
+            whole = msgspec.convert([e.payload for e in events], list[LifecycleIteration])
+            return whole
+        except (msgspec.ValidationError, TypeError):
+            out: list[LifecycleIteration | None] = []
+            for e in events:
+                try:
+                    out.append(msgspec.convert(e.payload, LifecycleIteration))
+                except (msgspec.ValidationError, TypeError) as err:
+                    if id(e) not in self._undecodable:
+                        self._undecodable.add(id(e))
+                        self._events.skip(e.rank, e.kind, err)
+                    out.append(None)
+            return out
 
     # -- what was observed -------------------------------------------------------------------
     @property
@@ -242,11 +423,22 @@ class LifecycleModel(ShowsView):
         return sorted(out, key=lambda c: c.start)
 
     def bytes_by_purpose(self, rank: int = 0, ddp: int | None = None) -> dict[str, int]:
-        """Bytes this rank sent per purpose, in ``PURPOSE_ORDER``."""
+        """Bytes this rank sent per purpose, in ``PURPOSE_ORDER`` (from the columns'
+        totals: no collective is built)."""
         found = dict.fromkeys(PURPOSE_ORDER, 0)
-        for c in self.collectives(rank, ddp):
-            found[c.purpose] += c.nbytes
+        for inst in self.instances_of(rank):
+            if ddp is None or inst.serial == ddp:
+                for c in inst.construction:
+                    found[c.purpose] += c.nbytes
+                for purpose, n in zip(PURPOSE_ORDER, inst.table.total.tolist(), strict=True):
+                    found[purpose] += n
         return found
+
+    @property
+    def checks(self) -> list[Finding]:
+        """The checks that fired: one per kind, instance and iteration, ranks merged."""
+        self.update()
+        return list(self._checks)
 
     @property
     def findings(self) -> list[Finding]:
@@ -254,19 +446,9 @@ class LifecycleModel(ShowsView):
         then the advice: is ``static_graph=True`` safe, what ``find_unused_parameters``
         costs."""
         self.update()
-        merged: dict[tuple[str, int, int], tuple[list[int], LifecycleCheck]] = {}
-        for rank, check in self._checks:
-            key = (check.check, check.ddp, check.iteration)
-            ranks = merged.setdefault(key, ([], check))[0]
-            if rank not in ranks:
-                ranks.append(rank)
-        out = [
-            Finding(kind, it, sorted(ranks), list(c.fqns), c.message, "error", ddp)
-            for (kind, ddp, it), (ranks, c) in merged.items()
-        ]
-        for inst in self.instances:
-            out += _advice(inst)
-        return out
+        if self._advice[0] != self.revision:
+            self._advice = (self.revision, [f for i in self.instances for f in _advice(i)])
+        return [*self._checks, *self._advice[1]]
 
     # -- plumbing ----------------------------------------------------------------------------
     def _view(self) -> Any:
@@ -274,11 +456,22 @@ class LifecycleModel(ShowsView):
 
     def __repr__(self) -> str:
         insts = self.instances
-        its = sum(len(i.iterations) for i in insts)
+        its = sum(i.iteration_count for i in insts)
         return (
             f"LifecycleModel(ranks={self.ranks}, instances={len(insts)}, iterations={its}, "
             f"findings={len(self.findings)})"
         )
+
+
+def _groups(rank: Any, ddp: Any) -> list[tuple[tuple[int, int], Any]]:
+    """(rank, ddp) -> the positions of its parts, in order (a sort, not a Python loop)."""
+    ranks, rank_code = np.unique(rank, return_inverse=True)
+    ddps, ddp_code = np.unique(ddp, return_inverse=True)
+    keys, group = np.unique(rank_code * len(ddps) + ddp_code, return_inverse=True)
+    order = np.argsort(group, kind="stable")
+    split = np.split(order, np.cumsum(np.bincount(group))[:-1])
+    pairs = zip((ranks[keys // len(ddps)]).tolist(), (ddps[keys % len(ddps)]).tolist(), strict=True)
+    return list(zip(pairs, split, strict=True))
 
 
 def _observed(c: Collective, rank: int, iteration: int) -> ObservedCollective:
@@ -297,32 +490,38 @@ def _observed(c: Collective, rank: int, iteration: int) -> ObservedCollective:
 
 
 def _advice(inst: Instance) -> list[Finding]:
-    """Advice from the iterations seen (2 or more, each with a finished backward)."""
-    done = [it for it in inst.iterations if it.backward]
+    """Advice from the iterations seen (2 or more, each with a finished backward), read
+    from the columns (numpy over the whole history: microseconds per thousand)."""
+    t = inst.table
+    done = np.flatnonzero(t.col("backward"))
     out: list[Finding] = []
     if len(done) < 2:
         return out
-    ready = [tuple(it.ready) for it in done[1:]]  # the first iteration's order may differ
-    single = all(it.forwards == 1 for it in done)
-    if not inst.watch.static_graph and len(set(ready)) == 1 and ready[0] and single:
+    index, names = t.col("index"), t.names.tuples
+    ready = t.col("ready")[done[1:]]  # the first iteration's order may differ
+    first = names[int(ready[0])]
+    single = bool(np.all(t.col("forwards")[done] == 1))
+    if not inst.watch.static_graph and bool(np.all(ready == ready[0])) and first and single:
         out.append(
             Finding(
                 "static_graph_safe",
                 None,
                 [inst.rank],
                 [],
-                f"DDP instance {inst.serial}: the same {len(ready[0])} parameters became ready "
-                f"in the same order in iterations {done[1].index}..{done[-1].index}, one "
+                f"DDP instance {inst.serial}: the same {len(first)} parameters became ready "
+                f"in the same order in iterations {index[done[1]]}..{index[done[-1]]}, one "
                 "forward each: static_graph=True would be safe (DDP then skips its per-"
                 "iteration bookkeeping).",
                 "info",
                 inst.serial,
             )
         )
-    walks = [it.walk_s for it in done if it.walk_s is not None]
-    if inst.watch.find_unused_parameters and walks:
-        ms = statistics.median(walks) * 1e3
-        unused = sorted({f for it in done for f in it.waited_for})
+    walks = t.col("walk")[done]
+    walks = walks[~np.isnan(walks)]
+    if inst.watch.find_unused_parameters and len(walks):
+        ms = float(np.median(walks)) * 1e3
+        seen = np.unique(t.col("unready")[done]).tolist()
+        unused = sorted({f for i in seen for f in names[i]})
         if unused:
             text = f"parameters {unused} were unused, so it is needed (or static_graph=True)"
         else:

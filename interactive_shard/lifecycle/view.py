@@ -2,7 +2,9 @@
 hooks per parameter, bytes by purpose, findings with their fixes).
 
 Thin: the state worth testing lives in ``LifecycleModel`` and in the pure figures of
-``figures.py``; this file wires widgets to them. Every redraw builds a figure from the
+``figures.py``; this file wires widgets to them. A long run's strip shares columns
+between iterations (``figures.MAX_COLUMNS``); the ``window_selector`` slider, shown
+then, zooms in on a range of iterations. Every redraw builds a figure from the
 model as it is now and swaps it into its FigureWidget inside ``batch_update()``;
 ``ui.live`` calls ``refresh()`` at most 10 times a second while ranks run, and a panel
 is redrawn only when what it shows changed (the model's ``revision``, or a control).
@@ -17,6 +19,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from interactive_shard.lifecycle.figures import (
+    MAX_COLUMNS,
     STATE_COLORS,
     figure_bytes,
     figure_hooks,
@@ -44,18 +47,26 @@ WAITING = (
 class LifecycleView(Panels, live.LazyWidget):
     """Live view of a ``LifecycleModel`` (``run.ddp``); ``widget`` is built on first use.
 
-    State first, settable before any widget exists: ``rank`` (None: the lowest) and
+    State first, settable before any widget exists: ``rank`` (None: the lowest),
     ``ddp``, the instance's serial (None follows the newest: a re-run cell's new
-    wrapper). Once ``widget`` is built the controls hold that state: set
-    ``ddp_selector.value`` or ``rank_selector.value``, then read the figures and HTML.
+    wrapper) and ``window``, the first and last iteration the strip shows (None: all,
+    following new ones). Once ``widget`` is built the controls hold that state: set
+    ``ddp_selector.value``, ``rank_selector.value`` or ``window_selector.value`` (the
+    whole range: all), then read the figures and HTML.
     """
 
     def __init__(
-        self, model: LifecycleModel, *, ddp: int | None = None, rank: int | None = None
+        self,
+        model: LifecycleModel,
+        *,
+        ddp: int | None = None,
+        rank: int | None = None,
+        window: tuple[int, int] | None = None,
     ) -> None:
         self.model = model
         self.chosen_ddp = ddp or NEWEST
         self.chosen_rank = rank
+        self.chosen_window = window
         self._widget: widgets.VBox | None = None
         self._drawn: dict[str, Any] = {}
         self._quiet = False  # set while the view itself moves a control
@@ -122,13 +133,21 @@ class LifecycleView(Panels, live.LazyWidget):
             return "<b>Findings:</b> none."
         return f"<b>Findings: {len(found)}</b><ul>{''.join(items)}</ul>"
 
+    def _span(self) -> tuple[int, int]:
+        """The shown instance's first and last iteration index ((1, 1) before any)."""
+        inst = self.instance
+        if inst is None or not inst.iteration_count:
+            return (1, 1)
+        index = inst.table.col("index")
+        return (int(index[0]), int(index[-1]))
+
     def _status(self) -> str:
         insts = self.model.instances_of(self.rank)
         if not insts:
             return WAITING
-        its = sum(len(i.iterations) for i in insts)
+        its = sum(i.iteration_count for i in insts)
         parts = [f"<b>{len(insts)} DDP instance(s)</b> on rank {self.rank} · {its} iteration(s)"]
-        errors = [f for f in self.model.findings if f.level == "error"]
+        errors = self.model.checks
         if errors:
             parts.append(
                 f"<span style='color:{LEVEL_COLORS['error']}'>{len(errors)} check(s)</span>"
@@ -149,17 +168,27 @@ class LifecycleView(Panels, live.LazyWidget):
         self.rank_selector = widgets.Dropdown(
             description="rank", options=self._rank_options(), value=self.rank
         )
+        low, high = self._span()
+        self.window_selector = widgets.IntRangeSlider(
+            description="iterations",
+            min=low,
+            max=high,
+            value=self.chosen_window or (low, high),
+            continuous_update=False,
+            layout={"width": "600px"},
+        )
         self.status_html = widgets.HTML()
         self.settings_html = widgets.HTML()
         self.findings_html = widgets.HTML()
         self.lifecycle_figure = go.FigureWidget()
         self.hooks_figure = go.FigureWidget()
         self.bytes_figure = go.FigureWidget()
-        for control in (self.ddp_selector, self.rank_selector):
+        for control in (self.ddp_selector, self.rank_selector, self.window_selector):
             control.observe(self._on_control, names="value")
         self.details = widgets.VBox(
             [
                 self.settings_html,
+                self.window_selector,
                 self.lifecycle_figure,
                 _heading("Findings"),
                 self.findings_html,
@@ -191,6 +220,9 @@ class LifecycleView(Panels, live.LazyWidget):
             return
         self.chosen_ddp = self.ddp_selector.value
         self.chosen_rank = self.rank_selector.value
+        window = tuple(self.window_selector.value)
+        whole = window == (self.window_selector.min, self.window_selector.max)
+        self.chosen_window = None if whole else (int(window[0]), int(window[1]))
         self.refresh()
 
     def refresh(self) -> None:
@@ -206,22 +238,41 @@ class LifecycleView(Panels, live.LazyWidget):
         self.details.layout.display = "none" if inst is None else ""
         if inst is None:
             return
-        if self._changed("instance", (revision, self.rank, inst.serial)):
+        new = self._changed("instance", (revision, self.rank, inst.serial))
+        if new:
             self.settings_html.value = self.settings_text()
             self.findings_html.value = self.findings_text()
-            swap_figure(self.lifecycle_figure, figure_lifecycle(self.model, inst.serial, self.rank))
+        if self._changed("strip", (revision, self.rank, inst.serial, self.chosen_window)):
+            fig = figure_lifecycle(self.model, inst.serial, self.rank, window=self.chosen_window)
+            swap_figure(self.lifecycle_figure, fig)
+        if new:
             swap_figure(self.hooks_figure, figure_hooks(self.model, inst.serial, self.rank))
         if self._changed("bytes", (revision, self.rank)):
             swap_figure(self.bytes_figure, figure_bytes(self.model, self.rank))
 
     def _sync_controls(self) -> None:
-        """New ranks and instances appear while the run goes on."""
+        """New ranks, instances and iterations appear while the run goes on."""
         self._set_selectors(
             (
                 (self.rank_selector, self._rank_options(), self.rank),
                 (self.ddp_selector, self._ddp_options(), self.chosen_ddp),
             )
         )
+        low, high = self._span()
+        slider = self.window_selector
+        long = high - low + 1 > MAX_COLUMNS or self.chosen_window is not None
+        slider.layout.display = "" if long else "none"
+        if (slider.min, slider.max) != (low, high) or (
+            self.chosen_window is None and tuple(slider.value) != (low, high)
+        ):
+            self._quiet = True
+            try:  # widen first: the slider clamps its value to its bounds
+                slider.max = max(high, slider.min)
+                slider.min = low
+                slider.max = high
+                slider.value = self.chosen_window or (low, high)
+            finally:
+                self._quiet = False
 
 
 def _value(v: Any) -> str:

@@ -70,6 +70,7 @@ class Timings:
     new_events: dict[str, list[int]] = field(default_factory=dict)  # store growth per refresh
     update_s: collections.Counter[str] = field(default_factory=collections.Counter)
     updates: collections.Counter[str] = field(default_factory=collections.Counter)
+    errors: dict[str, list[str]] = field(default_factory=dict)  # view -> what its refresh raised
 
 
 def build_views(run: Run, timings: Timings) -> dict[str, Any]:
@@ -93,7 +94,11 @@ def _timed_refresh(
     def timed() -> None:
         version = run.store.version
         t0 = time.perf_counter()
-        refresh()
+        try:
+            refresh()
+        except Exception as exc:  # ui.live logs it and goes on; the benchmark counts it
+            timings.errors.setdefault(name, []).append(f"{type(exc).__name__}: {exc}")
+            raise
         spent = time.perf_counter() - t0
         timings.refresh.setdefault(name, {}).setdefault(timings.phase, []).append(spent)
         timings.new_events.setdefault(name, []).append(version - seen[0])
@@ -280,7 +285,10 @@ def _refresh_summary(timings: Timings) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in VIEWS:
         phases = timings.refresh.get(name, {})
-        row: dict[str, Any] = {"max_new_events": max(timings.new_events.get(name, [0]))}
+        row: dict[str, Any] = {
+            "max_new_events": max(timings.new_events.get(name, [0])),
+            "errors": timings.errors.get(name, []),
+        }
         for phase in ("streaming", "catch_up", "idle"):
             spent = phases.get(phase, [])
             row[phase] = {

@@ -19,6 +19,8 @@ import pathlib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 if TYPE_CHECKING:
     from interactive_shard.timeline.model import TimelineSpan
 
@@ -106,7 +108,9 @@ def write_chrome_trace(path: str | pathlib.Path, trace: Mapping[str, Any]) -> pa
         raise FileNotFoundError(
             f"to_chrome_trace({str(path)!r}): folder {str(out.parent)!r} does not exist"
         )
-    out.write_text(json.dumps(trace, allow_nan=False), encoding="utf-8")
+    # msgspec writes a long run's trace ~10x faster than json.dumps (a NaN or infinity
+    # in a span's detail becomes null: JSON has neither).
+    out.write_bytes(msgspec.json.encode(trace))
     return out
 
 

@@ -22,6 +22,7 @@ from plotly.subplots import make_subplots
 from interactive_shard.timeline.figures_lanes import (
     BOTTOM_PX,
     TOP_PX,
+    every_nth,
     fmt_ms,
     height_for,
     lane_axis,
@@ -40,10 +41,12 @@ __all__ = [
     "figure_timeline",
     "overlap_text",
     "report_figures",
+    "shown_iterations",
 ]
 
 WAITING = "watch a model with ish.watch(model, timeline=True)"
 MAX_TITLE_RANKS = 8  # ranks listed in a title's overlap line
+MAX_TIMELINE_ITERATIONS = 20  # iterations "every iteration" draws (then every n-th)
 
 
 # Okabe-Ito (as ui.colors); compiled kinds a lighter / darker cousin of their eager kind.
@@ -59,25 +62,44 @@ def backward_order(model: TimelineModel, rank: int, iteration: int) -> list[Time
 
 
 # -- the titles' overlap ----------------------------------------------------------------------
-def overlap_text(model: TimelineModel, rank: int, iteration: int | None) -> str:
+def overlap_text(
+    model: TimelineModel,
+    rank: int,
+    iteration: int | None,
+    iterations: Sequence[int] | None = None,
+) -> str:
     """``backward overlap 63% · exposed 1.2 ms`` for one iteration (None: the mean over
-    the rank's iterations); the share of the collectives' time hidden under compute."""
-    its = [iteration] if iteration is not None else model.iterations(rank)
+    ``iterations``, by default the rank's); the share of the collectives' time hidden
+    under compute."""
+    its = [iteration] if iteration is not None else list(iterations or model.iterations(rank))
     # overlap() reads 0.0 without collectives: only iterations that have some count.
-    its = [it for it in its if model.overlaps(rank, it)]
-    if not its:
+    found = [f for f in (model.summary(rank, it) for it in its) if f.collectives]
+    if not found:
         return "no collectives in backward"
-    share = sum(model.overlap(rank, it) for it in its) / len(its)
-    exposed = sum(model.exposed(rank, it) for it in its) / len(its)
-    mean = "" if iteration is not None or len(its) == 1 else f" (mean of {len(its)} iterations)"
+    share = sum(f.overlap for f in found) / len(found)
+    exposed = sum(f.exposed for f in found) / len(found)
+    mean = "" if iteration is not None or len(found) == 1 else f" (mean of {len(found)} iterations)"
     return f"backward overlap {share:.0%} · exposed {fmt_ms(exposed)}{mean}"
 
 
 def _which(model: TimelineModel, iteration: int | None) -> str:
     if iteration is not None:
         return f"iteration {iteration}"
-    its = model.iterations()
-    return f"iterations {its[0]}–{its[-1]}" if len(its) > 1 else f"iteration {its[0]}"
+    first, last = model.earliest(), model.latest()
+    return f"iterations {first}–{last}" if first != last else f"iteration {first}"
+
+
+def shown_iterations(
+    model: TimelineModel, ranks: Sequence[int], iteration: int | None
+) -> tuple[dict[int, list[int]], str]:
+    """The iterations a timeline draws on each rank: ``iteration``, or (None) every one,
+    every n-th of a long run (at most ``MAX_TIMELINE_ITERATIONS``; the latest always);
+    and how the title says it was decimated ("" when not)."""
+    if iteration is not None:
+        return {r: [iteration] for r in ranks}, ""
+    shown, stride = model.sample(MAX_TIMELINE_ITERATIONS)
+    out = {r: [it for it in shown if model.has(r, it)] for r in ranks}
+    return out, every_nth(stride, len(shown), model.count())
 
 
 def empty_figure(title: str = "No timeline spans yet") -> go.Figure:
@@ -108,38 +130,44 @@ def figure_timeline(
     parent down to ``depth`` (None: all); ``label`` names the run in the title. Drag to
     zoom time, double-click to reset."""
     chosen = sorted(model.ranks if ranks is None else set(ranks) & set(model.ranks))
-    spans = [s for r in chosen for s in model.spans(r, iteration)]
+    iterations, sampled = shown_iterations(model, chosen, iteration)
+    spans = [s for r in chosen for it in iterations[r] for s in model.spans(r, it)]
     if not spans:
         return empty_figure()
     lanes = lay_out(spans, chosen, depth=depth)
     origin = min(s.start for s in spans)  # model.origin, unless some ranks are left out
     if len(chosen) == len(model.ranks) and model.origin is not None:
         origin = model.origin
-    iterations = {r: [iteration] if iteration is not None else model.iterations(r) for r in chosen}
     window = window_trace(model, lanes, iterations, origin)
-    fig = go.Figure([*([window] if window is not None else []), *span_traces(lanes, origin)])
+    traces = [*([window] if window is not None else []), *span_traces(lanes, origin)]
     named = f" · {html.escape(label)}" if label else ""
     head = f"Timeline{named} · {_which(model, iteration)}"
     if len(chosen) == 1:
-        title = f"{head} · rank {chosen[0]} · {overlap_text(model, chosen[0], iteration)}"
+        words = overlap_text(model, chosen[0], iteration, iterations[chosen[0]])
+        title = f"{head} · rank {chosen[0]} · {words}"
     else:
         each = " · ".join(
-            f"rank {r}: {overlap_text(model, r, iteration)}" for r in chosen[:MAX_TITLE_RANKS]
+            f"rank {r}: {overlap_text(model, r, iteration, iterations[r])}"
+            for r in chosen[:MAX_TITLE_RANKS]
         )
         more = " · …" if len(chosen) > MAX_TITLE_RANKS else ""
         title = f"{head} · {len(chosen)} ranks<br><sup>{each}{more}</sup>"
-    fig.update_layout(
-        title={"text": title},
-        barmode="overlay",
-        dragmode="zoom",
-        xaxis={"title": {"text": "ms since the first span"}, "zeroline": False},
-        yaxis=lane_axis(lanes),
-        height=height_for(len(lanes.labels)),
-        legend=legend_below(height_for(len(lanes.labels))),
-        margin={"t": TOP_PX, "b": BOTTOM_PX, "l": 150},
-        hovermode="closest",
-    )
-    return fig
+    if sampled:
+        title += f"<br><sup>{sampled}: pick one in the iteration selector</sup>"
+    height = height_for(len(lanes.labels))
+    layout = {
+        "title": {"text": title},
+        "barmode": "overlay",
+        "dragmode": "zoom",
+        "xaxis": {"title": {"text": "ms since the first span"}, "zeroline": False},
+        "yaxis": lane_axis(lanes),
+        "height": height,
+        "legend": legend_below(height),
+        "margin": {"t": TOP_PX, "b": BOTTOM_PX, "l": 150},
+        "hovermode": "closest",
+    }
+    # One constructor call: update_layout() parses every key as a path (most of a redraw).
+    return go.Figure(data=traces, layout=layout)
 
 
 # -- figure: two runs side by side ------------------------------------------------------------

@@ -15,52 +15,61 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from interactive_shard.timeline.figures_lanes import fmt_bytes, fmt_ms
+from interactive_shard.timeline.figures_lanes import every_nth, fmt_bytes, fmt_ms
 from interactive_shard.timeline.model import TimelineModel
 from interactive_shard.ui.colors import rank_color
 
 __all__ = ["figure_collectives", "figure_overlap"]
 
+MAX_OVERLAP_ITERATIONS = 50  # iterations the overlap overview shows (then every n-th)
+MAX_UNIT_TICKS = 30  # an x tick per iteration up to this many
 STRAGGLER = "#FF0000"  # pure red, as the other features' differences (not a rank colour)
 
 
-def figure_overlap(model: TimelineModel) -> go.Figure:
-    """The backward overlap of every iteration on every rank, in percent."""
+def figure_overlap(model: TimelineModel, selected: int | None = None) -> go.Figure:
+    """The backward overlap of every iteration on every rank, in percent. A long run
+    shows every n-th iteration (at most about ``MAX_OVERLAP_ITERATIONS``, the title says
+    which), and always the latest and ``selected``, exactly."""
     ranks = model.ranks
-    if not ranks or not model.iterations():
+    if not ranks or not model.count():
         return go.Figure(layout={"title": {"text": "No iterations yet"}, "height": 200})
-    fig = go.Figure()
+    shown, stride = model.sample(MAX_OVERLAP_ITERATIONS, keep=[selected])
+    traces = []
     for r in ranks:
-        its = model.iterations(r)
-        shares = [model.overlap(r, it) for it in its]
-        exposed = [model.exposed(r, it) for it in its]
-        fig.add_trace(
+        its = [it for it in shown if model.has(r, it)]
+        found = [model.summary(r, it) for it in its]
+        traces.append(
             go.Bar(
                 name=f"rank {r}",
                 x=its,
-                y=[100 * s if s is not None and math.isfinite(s) else None for s in shares],
+                y=[100 * f.overlap if math.isfinite(f.overlap) else None for f in found],
                 marker={"color": rank_color(r)},
                 hovertext=[
                     f"rank {r} · iteration {it}<br>backward overlap "
-                    + (f"{s:.0%}" if s is not None and math.isfinite(s) else "—")
-                    + f"<br>exposed {fmt_ms(e or 0.0)}"
-                    for it, s, e in zip(its, shares, exposed, strict=True)
+                    + (f"{f.overlap:.0%}" if math.isfinite(f.overlap) else "—")
+                    + f"<br>exposed {fmt_ms(f.exposed)}"
+                    for it, f in zip(its, found, strict=True)
                 ],
                 hoverinfo="text",
             )
         )
-    fig.update_layout(
-        barmode="group",
-        title={
-            "text": "Backward overlap per iteration<br><sup>share of the collectives' time "
-            "during backward hidden under compute; the rest is exposed</sup>"
+    sampled = every_nth(stride, len(shown), model.count())
+    note = f" · {sampled}" if sampled else ""
+    xaxis: dict[str, Any] = {"title": {"text": "iteration"}}
+    if stride == 1 and len(shown) <= MAX_UNIT_TICKS:
+        xaxis["dtick"] = 1
+    layout = {
+        "barmode": "group",
+        "title": {
+            "text": f"Backward overlap per iteration{note}<br><sup>share of the collectives' "
+            "time during backward hidden under compute; the rest is exposed</sup>"
         },
-        xaxis={"title": {"text": "iteration"}, "dtick": 1},
-        yaxis={"title": {"text": "overlap"}, "range": [0, 100], "ticksuffix": "%"},
-        height=320,
-        margin={"t": 80, "b": 50},
-    )
-    return fig
+        "xaxis": xaxis,
+        "yaxis": {"title": {"text": "overlap"}, "range": [0, 100], "ticksuffix": "%"},
+        "height": 320,
+        "margin": {"t": 80, "b": 50},
+    }
+    return go.Figure(data=traces, layout=layout)
 
 
 def figure_collectives(model: TimelineModel, iteration: int | None = None) -> go.Figure:

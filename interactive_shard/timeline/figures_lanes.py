@@ -23,6 +23,7 @@ from interactive_shard.timeline.model import TimelineModel, TimelineSpan
 __all__ = [
     "KIND_COLORS",
     "Lanes",
+    "every_nth",
     "fmt_bytes",
     "fmt_ms",
     "height_for",
@@ -62,6 +63,19 @@ def fmt_bytes(n: float) -> str:
 
 def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
+
+
+# -- long runs: what a screen can show -------------------------------------------------------
+def every_nth(stride: int, shown: int, total: int) -> str:
+    """How a decimated figure says so: ``every 500th iteration shown (100 of 50,000)``."""
+    if stride <= 1:
+        return ""
+    return f"every {_ordinal(stride)} iteration shown ({shown:,} of {total:,})"
+
+
+def _ordinal(n: int) -> str:
+    tail = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n:,}{tail}"
 
 
 # -- lanes, as data ---------------------------------------------------------------------------

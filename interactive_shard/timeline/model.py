@@ -1,13 +1,19 @@
 """TimelineModel: every rank's spans on one time axis, with phases, order and overlap.
 
 Consumes the ``timeline_*`` events of a ``RunStore`` (``events.py``, ``docs/events.md``)
-with a cursor, so it serves a live run and a loaded recording alike. Spans are kept as
-the rank sent them (its own clock) and aligned on demand: ranks on rank 0's host share
-its clock (offset 0); a rank on another host is shifted by the median, over the
-collectives it shares with rank 0, of rank 0's end minus its own (a collective completes
-nearly at once everywhere). Results per (rank, iteration) are cached under a stamp of
-that key's data and the rank's offset, so a redraw recomputes only what changed.
-No widgets, no torch.
+with a cursor, so it serves a live run and a loaded recording alike. An update only
+files each new batch under its (rank, iteration), undecoded (``_index.py``): it costs
+what arrived, not the run's length. An iteration is decoded when something asks for it,
+and what is derived from it (``_iteration.py``: phases, order, overlap) is cached under
+a stamp of its data, so a redraw recomputes only what changed; decoded iterations are
+kept for the ``CACHED_ITERATIONS`` most recently used, the small per-iteration summary
+(``summary``) for every iteration read.
+
+Spans are kept as the rank sent them (its own clock) and aligned on demand: ranks on
+rank 0's host share its clock (offset 0); a rank on another host is shifted by the
+median, over the collectives it shares with rank 0 in their first shared iterations, of
+rank 0's end minus its own (a collective completes nearly at once everywhere). No
+widgets, no torch.
 """
 
 from __future__ import annotations
@@ -16,28 +22,52 @@ import logging
 import math
 import pathlib
 import statistics
+from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar, cast
 
 import msgspec
 
 from interactive_shard import features
 from interactive_shard.telemetry.consume import Cursor
+from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
+from interactive_shard.timeline._index import Index, RankEvents
+from interactive_shard.timeline._iteration import (
+    BACKWARD,
+    COLLECTIVE,
+    COMPUTE,
+    FORWARD,
+    PHASES,
+    Iteration,
+    union,
+)
 from interactive_shard.timeline.chrome import chrome_trace, write_chrome_trace
 from interactive_shard.timeline.events import KINDS, Span, TimelineSpans, TimelineWatch
 from interactive_shard.ui.live import ShowsView
 
+__all__ = [
+    "BACKWARD",
+    "COMPUTE",
+    "FORWARD",
+    "PHASES",
+    "Matched",
+    "Summary",
+    "TimelineFinding",
+    "TimelineModel",
+    "TimelineSpan",
+    "union",
+]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-FORWARD = frozenset({"forward", "compiled_forward"})
-BACKWARD = frozenset({"backward", "compiled_backward"})
-COMPUTE = FORWARD | BACKWARD
-PHASES = ("forward", "backward", "optimizer")
-# Compute a phase's collectives may hide behind (None: the whole iteration).
-_HIDES = {"forward": FORWARD, "backward": BACKWARD, "optimizer": COMPUTE, None: COMPUTE}
+CACHED_ITERATIONS = 4096  # decoded (rank, iteration)s kept, most recently used
+ALIGN_SAMPLES = 64  # collectives a rank on another host is aligned by ...
+ALIGN_ITERATIONS = 256  # ... found in at most this many of its first iterations
+BAD_SPAN = "timeline span (it ends before it starts)"
 
 
 class TimelineSpan(msgspec.Struct, kw_only=True, frozen=True):
@@ -82,16 +112,32 @@ class TimelineFinding:
     message: str
 
 
+class Summary(NamedTuple):
+    """One (rank, iteration)'s backward in four numbers (what overviews of a long run
+    plot): its collectives, ``overlap`` (0..1) and ``exposed`` seconds as ``overlap()``
+    and ``exposed()`` give them, and whether its collectives were ``bunched``."""
+
+    collectives: int
+    overlap: float
+    exposed: float
+    bunched: bool
+
+
 class Malformed(ValueError):
     """A payload that follows its Struct but cannot be a real span."""
 
 
-@dataclass
-class _Rank:
-    watch: TimelineWatch | None = None
-    spans: dict[int, list[Span]] = field(default_factory=dict)  # iteration -> arrival order
-    stamps: dict[int, int] = field(default_factory=dict)  # iteration -> tick of its last batch
-    first: float = math.inf  # earliest start, on the rank's clock
+class _Decoded:
+    """A (rank, iteration) decoded: its good spans in arrival order and their Iteration,
+    under the stamp of the batches they came from; ``aligned`` at one offset."""
+
+    __slots__ = ("aligned", "good", "iteration", "stamp")
+
+    def __init__(self, stamp: tuple[int, int], good: list[Span]) -> None:
+        self.stamp = stamp
+        self.good = good
+        self.iteration = Iteration(good)
+        self.aligned: tuple[float, list[TimelineSpan]] | None = None
 
 
 class TimelineModel(ShowsView):
@@ -108,90 +154,138 @@ class TimelineModel(ShowsView):
         self.store = store
         self.revision = 0  # grows whenever timeline data arrived; views compare it
         self._events = Cursor(store, _DECODE)
-        self._tick = 0  # grows with every batch taken: stamps never repeat, even on restart
-        self._ranks: dict[int, _Rank] = {}
-        self._cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self._index = Index(self._events.decode)
+        self._decoded: OrderedDict[tuple[int, int], _Decoded] = OrderedDict()
+        self._summaries: dict[tuple[int, int], tuple[tuple[int, int], Summary]] = {}
+        self._memo: OrderedDict[tuple[Any, ...], tuple[Any, Any]] = OrderedDict()
+        self._offsets: dict[int, tuple[int, tuple[Any, ...], bool, float]] = {}
 
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
-        """Consume new events; True when timeline data changed."""
-        changed = False
-        for rank, _kind, record in self._events.take():
-            changed = self._consume(rank, record) or changed
+        """File new events (decoded when read); True when timeline data changed."""
+        if self._events.position == self.store.version:
+            return False  # nothing at all arrived: no lock, no lookup
+        changed = self._index.add(self._events.take_events())
         if changed:
             self.revision += 1
         return changed
 
     @property
     def skipped(self) -> int:
-        """Events (or records in them) that could not be read: logged, not kept."""
+        """Events (or records in them) that could not be read: logged, not kept. A batch
+        is read when its iteration first is, so this counts what was read so far."""
         return self._events.skipped
-
-    def _consume(self, rank: int, record: TimelineWatch | TimelineSpans) -> bool:
-        here = self._ranks.setdefault(rank, _Rank())
-        if isinstance(record, TimelineWatch):
-            if here.watch is not None or here.spans:  # watched again: start over
-                log.info("rank %d: timeline_watch again; dropping its earlier spans", rank)
-                here = self._ranks[rank] = _Rank()
-            here.watch = record
-            self._tick += 1
-            return True
-        good: list[Span] = []
-        for span in record.spans:
-            if not (math.isfinite(span.end) and span.start <= span.end):
-                self._events.skip(rank, "timeline span (it ends before it starts)", span)
-            else:
-                good.append(span)
-        if not good:
-            return False
-        self._tick += 1
-        here.spans.setdefault(record.iteration, []).extend(good)
-        here.stamps[record.iteration] = self._tick
-        here.first = min(here.first, *(s.start for s in good))
-        return True
 
     # -- what arrived ------------------------------------------------------------------------
     @property
     def ranks(self) -> list[int]:
         self.update()
-        return sorted(self._ranks)
+        return sorted(self._index.ranks)
 
     def iterations(self, rank: int | None = None) -> list[int]:
-        """Iterations with spans on ``rank`` (None: on any rank), ascending."""
+        """Iterations with a batch of spans on ``rank`` (None: on any rank), ascending."""
+        return list(self._iterations(rank))
+
+    def _iterations(self, rank: int | None) -> list[int]:
+        """``iterations(rank)`` without the copy (callers do not change it)."""
         self.update()
-        ranks = self._ranks.values() if rank is None else [self._rank(rank)]
-        return sorted({i for r in ranks for i in r.spans})
+        if rank is not None:
+            return self._rank(rank).iterations()
+        return self._index.iterations()
 
     def latest(self, rank: int | None = None) -> int | None:
-        return max(self.iterations(rank), default=None)
+        its = self._iterations(rank)
+        return its[-1] if its else None
+
+    def earliest(self, rank: int | None = None) -> int | None:
+        its = self._iterations(rank)
+        return its[0] if its else None
+
+    def recent(self, n: int, rank: int | None = None) -> list[int]:
+        """The latest ``n`` of ``iterations(rank)``, ascending."""
+        return self._iterations(rank)[-n:] if n > 0 else []
+
+    def count(self, rank: int | None = None) -> int:
+        """``len(iterations(rank))`` without the list (a long run has 10k+)."""
+        return len(self._iterations(rank))
+
+    def has(self, rank: int, iteration: int) -> bool:
+        """Whether ``rank`` sent a batch of ``iteration``."""
+        return iteration in self._rank(rank).raw
+
+    def sample(
+        self, most: int, keep: Iterable[int | None] = (), rank: int | None = None
+    ) -> tuple[list[int], int]:
+        """At most about ``most`` of ``iterations(rank)``: every ``stride``-th, the
+        stride the smallest of 1, 2, 5, 10, 20, 50... that fits, plus the latest and
+        those of ``keep`` that arrived (a selected iteration stays exact); and the
+        stride (1: every one). By position and from a fixed ladder: while a run grows
+        the sample stays the same until the stride steps up, so what was read stays
+        cached. What overviews of a long run draw."""
+        its = self._iterations(rank)
+        stride, k = 1, 0
+        while len(its) > most * stride:
+            k += 1
+            stride = _STRIDES[k % 3] * 10 ** (k // 3)
+        if stride == 1:
+            return list(its), 1
+        chosen = {*its[::stride], its[-1]}
+        chosen.update(x for x in keep if x is not None and _contains(its, x))
+        return sorted(chosen), stride
 
     def watch(self, rank: int = 0) -> TimelineWatch | None:
         return self._rank(rank).watch
 
     # -- alignment ---------------------------------------------------------------------------
     def offset(self, rank: int) -> float:
-        """Seconds added to ``rank``'s times to put them on rank 0's clock."""
+        """Seconds added to ``rank``'s times to put them on rank 0's clock: the median
+        over the collectives shared with rank 0 (at most ``ALIGN_SAMPLES``, in their
+        first ``ALIGN_ITERATIONS`` shared iterations) of rank 0's end minus its own."""
         here, zero = self._rank(rank), self._rank(0)
         if rank == 0 or here.watch is None or zero.watch is None:
             return 0.0  # no host to tell otherwise: the common case, one machine
         if here.watch.host == zero.watch.host:
             return 0.0
-        return self._memo(("offset", rank), self._tick, lambda: self._measure(rank))
+        known = self._offsets.get(rank)
+        if known is not None and known[0] == self.revision:
+            return known[3]
+        if known is not None and known[2] and known[1] == self._stamps(rank, known[1]):
+            self._offsets[rank] = (self.revision, *known[1:])
+            return known[3]  # enough samples, their iterations unchanged: it stays
+        walked, diffs = [], []
+        for it in self._iterations(rank):
+            if it not in zero.raw:
+                continue
+            walked.append((it, zero.stamp(it), here.stamp(it)))
+            diffs += [
+                m[0].end - m[rank].end for m in self._match(it).values() if 0 in m and rank in m
+            ]
+            if len(diffs) >= ALIGN_SAMPLES or len(walked) >= ALIGN_ITERATIONS:
+                break
+        value = statistics.median(diffs) if diffs else 0.0
+        settled = len(diffs) >= ALIGN_SAMPLES or len(walked) >= ALIGN_ITERATIONS
+        self._offsets[rank] = (self.revision, tuple(walked), settled, value)
+        return value
 
-    def _measure(self, rank: int) -> float:
-        diffs = [
-            m[0].end - m[rank].end
-            for it in self._ranks[rank].spans
-            for m in self._match(it).values()
-            if 0 in m and rank in m
-        ]
-        return statistics.median(diffs) if diffs else 0.0
+    def _stamps(self, rank: int, walked: tuple[Any, ...]) -> tuple[Any, ...]:
+        here, zero = self._rank(rank), self._rank(0)
+        return tuple((it, zero.stamp(it), here.stamp(it)) for it, _, _ in walked)
 
     @property
     def origin(self) -> float | None:
-        """The earliest aligned start of any span (views plot relative to it)."""
+        """The earliest aligned start of the spans of each rank's first iteration (a
+        rank's iterations come in time order; views plot relative to it)."""
         self.update()
-        firsts = [r.first + self.offset(k) for k, r in self._ranks.items() if r.spans]
+        return self._remember(("origin",), self.revision, self._origin)
+
+    def _origin(self) -> float | None:
+        firsts = []
+        for rank, here in self._index.ranks.items():
+            for it in here.iterations():
+                first = self._decode(rank, it).iteration.first
+                if first is not None:
+                    firsts.append(first + self.offset(rank))
+                    break
         return min(firsts, default=None)
 
     # -- spans -------------------------------------------------------------------------------
@@ -200,19 +294,21 @@ class TimelineModel(ShowsView):
     ) -> list[TimelineSpan]:
         """``rank``'s spans of ``iteration`` (None: all), aligned, by start (then end)."""
         wanted = _kinds(kinds)
-        its = self.iterations(rank) if iteration is None else [iteration]
+        its = self._iterations(rank) if iteration is None else [iteration]
         out = [s for it in its for s in self._aligned(rank, it) if s.kind in wanted]
         return out if len(its) == 1 else sorted(out, key=_order)
 
     def _aligned(self, rank: int, it: int) -> list[TimelineSpan]:
-        def build() -> list[TimelineSpan]:
-            raw, dt = self._rank(rank).spans.get(it, []), self.offset(rank)
-            return sorted((_span(s, rank, it, dt) for s in raw), key=_order)
-
-        return self._memo(("spans", rank, it), self._stamp(rank, it), build)
+        dt = self.offset(rank)
+        found = self._decode(rank, it)
+        if found.aligned is None or found.aligned[0] != dt:
+            spans = [_span(s, rank, it, dt) for s in found.iteration.spans]
+            found.aligned = (dt, spans)
+        return found.aligned[1]
 
     def at(self, t: float, iteration: int | None = None) -> dict[int, list[TimelineSpan]]:
-        """What ran on each rank at aligned time ``t``."""
+        """What ran on each rank at aligned time ``t`` (in ``iteration``; None: reads
+        every iteration)."""
         return {
             r: [s for s in self.spans(r, iteration) if s.start <= t <= s.end] for r in self.ranks
         }
@@ -221,8 +317,8 @@ class TimelineModel(ShowsView):
     def phases(self, rank: int = 0, iteration: int = 1) -> dict[str, tuple[float, float]]:
         """``forward``: the root's span; ``backward``: its end to the first optimizer
         start (or the last end); ``optimizer``: first optimizer start to last end."""
-        key, stamp = ("phases", rank, iteration), self._stamp(rank, iteration)
-        return dict(self._memo(key, stamp, lambda: _phases(self._aligned(rank, iteration))))
+        found, dt = self._iteration(rank, iteration).phases, self.offset(rank)
+        return {k: (a + dt, b + dt) for k, (a, b) in found.items()} if dt else dict(found)
 
     def order(
         self,
@@ -232,16 +328,9 @@ class TimelineModel(ShowsView):
         kinds: Sequence[str] | None = None,
     ) -> list[str]:
         """Names of the spans that started in ``phase`` (None: the iteration), in order."""
-        return [s.name for s in self._in_phase(rank, iteration, phase, _kinds(kinds))]
-
-    def _in_phase(
-        self, rank: int, it: int, phase: str | None, kinds: frozenset[str]
-    ) -> list[TimelineSpan]:
-        if phase is not None and phase not in PHASES:
-            raise ValueError(f"phase {phase!r} is not one of {PHASES} or None")
-        ph = self.phases(rank, it)
-        spans = [s for s in self._aligned(rank, it) if s.kind in kinds]
-        return spans if phase is None else [s for s in spans if _phase_of(s.start, ph) == phase]
+        _check(phase)
+        found = self._iteration(rank, iteration)
+        return [found.spans[i].name for i in found.indices(phase, _kinds(kinds))]
 
     # -- overlap -----------------------------------------------------------------------------
     def overlap(self, rank: int = 0, iteration: int = 1, phase: str | None = "backward") -> float:
@@ -249,11 +338,15 @@ class TimelineModel(ShowsView):
         (their union) during which compute ran: the iteration's leaf spans of kind
         forward / compiled_forward for ``"forward"``, backward / compiled_backward for
         ``"backward"``, any of the four otherwise. 0.0 without collectives."""
+        if phase == "backward":
+            return self.summary(rank, iteration).overlap
         comm, hidden = self._hidden(rank, iteration, phase)
         return hidden / comm if comm > 0 else 0.0
 
     def exposed(self, rank: int = 0, iteration: int = 1, phase: str | None = "backward") -> float:
         """Seconds of ``phase``'s collectives (their union) that no compute hid."""
+        if phase == "backward":
+            return self.summary(rank, iteration).exposed
         comm, hidden = self._hidden(rank, iteration, phase)
         return max(comm - hidden, 0.0)
 
@@ -261,38 +354,33 @@ class TimelineModel(ShowsView):
         self, rank: int = 0, iteration: int = 1, phase: str | None = "backward"
     ) -> list[tuple[TimelineSpan, float]]:
         """Each collective of ``phase`` with the share of it that compute hid."""
-        busy = self._compute(rank, iteration, phase)
-        out: list[tuple[TimelineSpan, float]] = []
-        for c in self._in_phase(rank, iteration, phase, frozenset({"collective"})):
-            share = _covered([(c.start, c.end)], busy) / c.duration if c.duration > 0 else 0.0
-            out.append((c, share))
-        return out
+        _check(phase)
+        found, aligned = self._iteration(rank, iteration), self._aligned(rank, iteration)
+        return [(aligned[i], share) for i, share in found.shares(phase)]
+
+    def summary(self, rank: int = 0, iteration: int = 1) -> Summary:
+        """The backward of one (rank, iteration) in numbers: what ``overlap``,
+        ``exposed`` and ``findings`` read, kept for every iteration read (a redraw of
+        an overview of 10k iterations reads them, not the spans)."""
+        here = self._rank(rank)
+        stamp = here.stamp(iteration)
+        known = self._summaries.get((rank, iteration))
+        if known is not None and known[0] == stamp:
+            return known[1]
+        found = self._iteration(rank, iteration)
+        comm, hidden = found.hidden("backward")
+        result = Summary(
+            collectives=len(found.indices("backward", COLLECTIVE)),
+            overlap=hidden / comm if comm > 0 else 0.0,
+            exposed=max(comm - hidden, 0.0),
+            bunched=found.bunched(),
+        )
+        self._summaries[(rank, iteration)] = (stamp, result)
+        return result
 
     def _hidden(self, rank: int, it: int, phase: str | None) -> tuple[float, float]:
-        def build() -> tuple[float, float]:
-            spans = self._in_phase(rank, it, phase, frozenset({"collective"}))
-            comm = union((s.start, s.end) for s in spans)
-            busy = self._compute(rank, it, phase)
-            return sum(b - a for a, b in comm), _covered(comm, busy)
-
-        return self._memo(("hidden", rank, it, phase), self._stamp(rank, it), build)
-
-    def _compute(self, rank: int, it: int, phase: str | None) -> list[tuple[float, float]]:
-        """The union of the iteration's leaf compute spans of the kinds ``phase`` hides
-        behind (a parent span is its children's time, not more compute)."""
-
-        def build() -> list[tuple[float, float]]:
-            kinds = _HIDES[phase]
-            return union((s.start, s.end) for s in self._leaves(rank, it) if s.kind in kinds)
-
-        return self._memo(("compute", rank, it, phase), self._stamp(rank, it), build)
-
-    def _leaves(self, rank: int, it: int) -> list[TimelineSpan]:
-        def build() -> list[TimelineSpan]:
-            spans = sorted((s for s in self._aligned(rank, it) if s.kind in COMPUTE), key=_nest)
-            return [s for i, s in enumerate(spans) if not _has_inner(spans, i)]
-
-        return self._memo(("leaves", rank, it), self._stamp(rank, it), build)
+        _check(phase)
+        return self._iteration(rank, it).hidden(phase)
 
     # -- across ranks ------------------------------------------------------------------------
     def collectives(self, iteration: int = 1) -> list[Matched]:
@@ -313,29 +401,38 @@ class TimelineModel(ShowsView):
 
         def build() -> dict[tuple[str, str, int], dict[int, Span]]:
             out: dict[tuple[str, str, int], dict[int, Span]] = {}
-            for r, here in sorted(self._ranks.items()):
+            for r in sorted(self._index.ranks):
                 counts: dict[tuple[str, str], int] = {}
-                mine = [s for s in here.spans.get(it, []) if s.kind == "collective"]
-                for s in sorted(mine, key=lambda s: (s.start, s.end)):
+                found = self._iteration(r, it)
+                for i in found.indices(None, COLLECTIVE):  # by start, then end
+                    s = found.spans[i]
                     key = (str(s.detail.get("group", "")), str(s.detail.get("op", s.name)))
                     k = counts[key] = counts.get(key, -1) + 1
                     out.setdefault((*key, k), {})[r] = s
             return out
 
-        stamp = tuple((r, h.stamps.get(it)) for r, h in sorted(self._ranks.items()))
-        return self._memo(("match", it), stamp, build)
+        stamp = tuple((r, h.stamp(it)) for r, h in sorted(self._index.ranks.items()))
+        return self._remember(("match", it), stamp, build)
 
     # -- conclusions -------------------------------------------------------------------------
     @property
     def findings(self) -> list[TimelineFinding]:
         """Iterations whose collectives all started after the backward's last compute
-        ended (hooks bunched at the end: no overlap), merged over ranks."""
+        ended (hooks bunched at the end: no overlap), merged over ranks. Reads every
+        iteration once (then its ``summary``): ``findings_of`` reads a few."""
         self.update()
+        return self._remember(("findings",), self.revision, lambda: self.findings_of(None))
+
+    def findings_of(self, iterations: Iterable[int] | None) -> list[TimelineFinding]:
+        """``findings`` over ``iterations`` only (None: every one); a view of a long
+        run checks the latest few."""
+        ranks = self.ranks
+        chosen = None if iterations is None else sorted(set(iterations))
         hit = [
             (r, it)
-            for r in sorted(self._ranks)
-            for it in self.iterations(r)
-            if self._bunched(r, it)
+            for r in ranks
+            for it in (self._iterations(r) if chosen is None else chosen)
+            if it in self._index.ranks[r].raw and self.summary(r, it).bunched
         ]
         if not hit:
             return []
@@ -348,35 +445,88 @@ class TimelineModel(ShowsView):
         )
         return [TimelineFinding("bunched", ranks, its, message)]
 
-    def _bunched(self, rank: int, it: int) -> bool:
-        comm = self._in_phase(rank, it, "backward", frozenset({"collective"}))
-        busy = self._in_phase(rank, it, "backward", BACKWARD)
-        return bool(comm and busy) and min(c.start for c in comm) >= max(b.end for b in busy)
-
     # -- export ------------------------------------------------------------------------------
-    def to_chrome_trace(self, path: str | pathlib.Path) -> pathlib.Path:
-        """Write every rank's spans as Chrome Trace Event Format JSON (``chrome.py``) to
-        ``path``, for ui.perfetto.dev or chrome://tracing; returns the path."""
-        spans = [s for r in self.ranks for s in self.spans(r)]
+    def to_chrome_trace(
+        self, path: str | pathlib.Path, iterations: Iterable[int] | None = None
+    ) -> pathlib.Path:
+        """Write every rank's spans (of ``iterations``; None: of every one) as Chrome
+        Trace Event Format JSON (``chrome.py``) to ``path``, for ui.perfetto.dev or
+        chrome://tracing; returns the path. A long run's trace is large: pass a range,
+        e.g. ``iterations=range(100, 110)``."""
+        chosen = None if iterations is None else sorted(set(iterations))
+        spans = [
+            s
+            for r in self.ranks
+            for it in (self._iterations(r) if chosen is None else chosen)
+            for s in self._aligned(r, it)
+        ]
         hosts = {str(r): w.host for r in self.ranks if (w := self.watch(r)) is not None}
         other = {"offsets_s": {str(r): self.offset(r) for r in self.ranks}, "hosts": hosts}
-        trace = chrome_trace(spans, self.origin or 0.0, other)
+        origin = self.origin if chosen is None else min((s.start for s in spans), default=None)
+        trace = chrome_trace(spans, origin or 0.0, other)
         return write_chrome_trace(path, trace)
 
-    # -- plumbing ----------------------------------------------------------------------------
-    def _rank(self, rank: int) -> _Rank:
+    # -- decoding ----------------------------------------------------------------------------
+    def _iteration(self, rank: int, it: int) -> Iteration:
         self.update()
-        return self._ranks.get(rank, _EMPTY)
+        return self._decode(rank, it).iteration
 
-    def _stamp(self, rank: int, it: int) -> tuple[int | None, float]:
-        return self._rank(rank).stamps.get(it), self.offset(rank)
+    def _decode(self, rank: int, it: int) -> _Decoded:
+        """The (rank, iteration)'s spans, decoded from its batches once per stamp (a new
+        batch of it decodes only itself)."""
+        here = self._index.ranks.get(rank, _EMPTY)
+        stamp, key = here.stamp(it), (rank, it)
+        found = self._decoded.get(key)
+        if found is not None and found.stamp == stamp:
+            self._decoded.move_to_end(key)
+            return found
+        batches = here.batches(it)
+        good: list[Span] = []
+        start = 0
+        if found is not None and found.stamp[0] == stamp[0]:
+            good, start = list(found.good), found.stamp[1]
+        counted = here.checked.get(it, 0)  # malformed batches are counted once, ever
+        for k in range(start, len(batches)):
+            good += self._good_spans(rank, batches[k], count=k >= counted)
+        if batches:
+            here.checked[it] = max(counted, len(batches))
+        found = self._decoded[key] = _Decoded(stamp, good)
+        self._decoded.move_to_end(key)
+        while len(self._decoded) > CACHED_ITERATIONS:
+            self._decoded.popitem(last=False)
+        return found
 
-    def _memo(self, key: tuple[Any, ...], stamp: Any, build: Callable[[], T]) -> T:
-        hit = self._cache.get(key)
+    def _good_spans(self, rank: int, event: Event, *, count: bool) -> list[Span]:
+        try:
+            batch = msgspec.convert(event.payload, TimelineSpans)
+        except (msgspec.ValidationError, TypeError) as err:
+            if count:
+                self._events.skip(rank, event.kind, err)
+            return []
+        good = [s for s in batch.spans if math.isfinite(s.end) and s.start <= s.end]
+        if count and len(good) < len(batch.spans):
+            for s in batch.spans:
+                if not (math.isfinite(s.end) and s.start <= s.end):
+                    self._events.skip(rank, BAD_SPAN, s)
+        return good
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def _rank(self, rank: int) -> RankEvents:
+        self.update()
+        return self._index.ranks.get(rank, _EMPTY)
+
+    def _remember(self, key: tuple[Any, ...], stamp: Any, build: Callable[[], T]) -> T:
+        """``build()``, cached under ``key`` while ``stamp`` stays (the most recently
+        used ``CACHED_ITERATIONS`` keys)."""
+        hit = self._memo.get(key)
         if hit is not None and hit[0] == stamp:
+            self._memo.move_to_end(key)
             return cast(T, hit[1])
         value = build()
-        self._cache[key] = (stamp, value)
+        self._memo[key] = (stamp, value)
+        self._memo.move_to_end(key)
+        while len(self._memo) > CACHED_ITERATIONS:
+            self._memo.popitem(last=False)
         return value
 
     def versus(self, other: TimelineModel, labels: tuple[str, str] = ("eager", "compiled")) -> Any:
@@ -390,82 +540,30 @@ class TimelineModel(ShowsView):
 
     def __repr__(self) -> str:
         self.update()
-        spans = sum(len(v) for r in self._ranks.values() for v in r.spans.values())
+        spans = sum(r.spans for r in self._index.ranks.values())
         return (
-            f"TimelineModel(ranks={self.ranks}, iterations={len(self.iterations())}, "
+            f"TimelineModel(ranks={self.ranks}, iterations={len(self._iterations(None))}, "
             f"spans={spans}, skipped={self.skipped})"
         )
 
 
 # -- pure helpers ----------------------------------------------------------------------------
-def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Merge intervals into disjoint ones, ascending (empty ones dropped)."""
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(i for i in intervals if i[1] > i[0]):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
+def _contains(items: list[int], x: int) -> bool:
+    """``x in items`` for an ascending list, by bisection."""
+    i = bisect_left(items, x)
+    return i < len(items) and items[i] == x
 
 
-def _covered(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
-    """Length of the intersection of two disjoint ascending interval lists."""
-    total, i, j = 0.0, 0, 0
-    while i < len(xs) and j < len(ys):
-        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
-        total += max(hi - lo, 0.0)
-        if xs[i][1] < ys[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def _has_inner(spans: list[TimelineSpan], i: int) -> bool:
-    """Whether a span other than ``spans[i]``'s interval lies inside it (``spans`` sorted
-    by start, longest first: only later ones can). Stops at the first: a parent's first
-    child is found at once."""
-    s = spans[i]
-    for o in spans[i + 1 :]:
-        if o.start > s.end:
-            return False
-        if o.end <= s.end and (o.start, o.end) != (s.start, s.end):
-            return True
-    return False
-
-
-def _phases(spans: list[TimelineSpan]) -> dict[str, tuple[float, float]]:
-    out: dict[str, tuple[float, float]] = {}
-    root = next((s for s in spans if s.kind in FORWARD and s.name == ""), None)
-    steps = [s for s in spans if s.kind == "optimizer"]
-    if root is not None:
-        out["forward"] = (root.start, root.end)
-        end = steps[0].start if steps else max(s.end for s in spans)
-        out["backward"] = (root.end, max(end, root.end))
-    if steps:
-        out["optimizer"] = (steps[0].start, max(s.end for s in steps))
-    return out
-
-
-def _phase_of(t: float, phases: dict[str, tuple[float, float]]) -> str | None:
-    """The phase a span starting at ``t`` belongs to (half-open: the optimizer's start
-    belongs to the optimizer, the forward's end to the backward)."""
-    step, back, fwd = phases.get("optimizer"), phases.get("backward"), phases.get("forward")
-    if step is not None and t >= step[0]:
-        return "optimizer"
-    if back is not None and t >= back[0]:
-        return "backward"
-    if fwd is not None and fwd[0] <= t < fwd[1]:
-        return "forward"
-    return None
+def _check(phase: str | None) -> None:
+    if phase is not None and phase not in PHASES:
+        raise ValueError(f"phase {phase!r} is not one of {PHASES} or None")
 
 
 def _kinds(kinds: Sequence[str] | None) -> frozenset[str]:
     if kinds is None:
-        return frozenset(KINDS)
+        return _ALL_KINDS
     wanted = frozenset([kinds] if isinstance(kinds, str) else kinds)
-    if not wanted <= frozenset(KINDS):
+    if not wanted <= _ALL_KINDS:
         raise ValueError(f"unknown span kinds {sorted(wanted - set(KINDS))}; kinds are {KINDS}")
     return wanted
 
@@ -491,15 +589,22 @@ def _order(s: TimelineSpan) -> tuple[float, float]:
     return s.start, s.end
 
 
-def _nest(s: TimelineSpan) -> tuple[float, float]:
-    return s.start, -s.end
-
-
 def _listed(xs: list[int]) -> str:
-    return ", ".join(map(str, xs))
+    """``0, 1, 4–9``: ascending numbers, runs of three or more as ranges (a long run's
+    finding may name 10k iterations)."""
+    parts: list[str] = []
+    start = 0
+    for i in range(1, len(xs) + 1):
+        if i == len(xs) or xs[i] != xs[i - 1] + 1:
+            run = xs[start:i]
+            parts += [f"{run[0]}–{run[-1]}"] if len(run) >= 3 else [str(x) for x in run]
+            start = i
+    return ", ".join(parts)
 
 
-_EMPTY = _Rank()
+_ALL_KINDS = frozenset(KINDS)
+_STRIDES = (1, 2, 5)
+_EMPTY = RankEvents()
 _DECODE: dict[str, type[Any]] = {
     TimelineWatch.KIND: TimelineWatch,
     TimelineSpans.KIND: TimelineSpans,

@@ -37,6 +37,11 @@ ALL_RANKS = -1  # rank selector value: every rank
 ALL_DEPTHS = -1  # depth selector value: every nesting level
 MAX_DEPTH_CHOICES = 6
 MAX_ORDER = 200  # spans listed in the order panel; all are in model.order(...)
+# A Dropdown of 10k options is slow to send and to use: past this many iterations it
+# lists the first and the latest ones (and the chosen one); "go to" reaches any other.
+MAX_ITERATION_OPTIONS = 100
+RECENT_OPTIONS = 50
+FINDINGS_WINDOW = 20  # the status checks the latest iterations (run.timeline.findings: all)
 Showing = Literal["a", "b", "both"]  # this run, the other run, side by side
 EXPORT = (
     "<b>Export</b>: <code>run.timeline.to_chrome_trace('timeline.json')</code> writes every "
@@ -159,12 +164,22 @@ class TimelineView(Panels, live.LazyWidget):
             watch = m.watch(m.ranks[0]) if m.ranks else None
             what = f"<b>{watch.target}</b> · " if watch is not None else ""
             name = f"{html.escape(label)}: " if self.other is not None else ""
+            count = m.count()
             parts.append(
-                f"{name}{what}{len(m.ranks)} rank(s) · {len(m.iterations())} iteration(s)"
+                f"{name}{what}{len(m.ranks)} rank(s) · {count:,} iteration(s)"
                 + (f" · {m.skipped} malformed event(s) skipped" if m.skipped else "")
             )
+            # A long run: the latest iterations only (all of them would read every span).
+            window = m.recent(FINDINGS_WINDOW) if count > FINDINGS_WINDOW else None
+            checked = (
+                f" (the latest {FINDINGS_WINDOW} of {count:,} iterations checked; "
+                "run.timeline.findings checks every one)"
+                if window is not None
+                else ""
+            )
             parts += [
-                f"<span style='color:#D55E00'>{html.escape(f.message)}</span>" for f in m.findings
+                f"<span style='color:#D55E00'>{html.escape(f.message + checked)}</span>"
+                for f in m.findings_of(window)
             ]
         return "<br>".join(parts)
 
@@ -182,6 +197,14 @@ class TimelineView(Panels, live.LazyWidget):
         )
         self.iteration_selector = widgets.Dropdown(
             description="iteration", options=self._iteration_options(), value=self.chosen_iteration
+        )
+        self.iteration_box = widgets.BoundedIntText(
+            description="go to",
+            min=0,
+            max=max(self._latest_of_all(), self.chosen_iteration, 0),
+            value=max(self.chosen_iteration, 0),
+            layout={"width": "170px"},
+            tooltip="any iteration (0: the latest)",
         )
         self.depth_selector = widgets.Dropdown(
             description="nesting",
@@ -201,6 +224,7 @@ class TimelineView(Panels, live.LazyWidget):
             self.depth_selector,
         ):
             control.observe(self._on_control, names="value")
+        self.iteration_box.observe(self._on_box, names="value")
         self.details = widgets.VBox(
             [
                 _heading("Backward order"),
@@ -216,7 +240,13 @@ class TimelineView(Panels, live.LazyWidget):
             [
                 self.status_html,
                 self.run_toggle,
-                widgets.HBox([self.rank_selector, self.iteration_selector, self.depth_selector]),
+                widgets.HBox(
+                    [
+                        self.rank_selector,
+                        widgets.VBox([self.iteration_selector, self.iteration_box]),
+                        self.depth_selector,
+                    ]
+                ),
                 self.timeline_figure,
                 self.details,
             ]
@@ -231,13 +261,32 @@ class TimelineView(Panels, live.LazyWidget):
         return self.chosen_ranks or (ALL_RANKS,)
 
     def _iteration_options(self) -> list[tuple[str, int]]:
-        found = {i for m in self._models() for i in m.iterations()}
-        found |= {self.chosen_iteration} - {LATEST, ALL}
-        return [("latest", LATEST), ("all", ALL)] + [(str(i), i) for i in sorted(found)]
+        """latest, all, and the iterations: every one, or past ``MAX_ITERATION_OPTIONS``
+        the first, the latest ``RECENT_OPTIONS`` and the chosen one (``iteration_box``
+        goes to any other)."""
+        found = [_listed(m) for m in self._models()]
+        listed = found[0] if len(found) == 1 else sorted({i for its in found for i in its})
+        chosen = self.chosen_iteration
+        if chosen not in (LATEST, ALL) and chosen not in listed:
+            listed = sorted({*listed, chosen})
+        return [("latest", LATEST), ("all", ALL)] + [(str(i), i) for i in listed]
+
+    def _latest_of_all(self) -> int:
+        return max((m.latest() or 0 for m in self._models()), default=0)
 
     def _depth_options(self) -> list[tuple[str, int]]:
         deepest = max(MAX_DEPTH_CHOICES - 1, self.depth or 0)
         return [("all", ALL_DEPTHS)] + [(f"≤ {d}", d) for d in range(deepest + 1)]
+
+    def _on_box(self, change: dict[str, Any]) -> None:
+        """``go to``: any iteration (0: the latest), added to the selector's options."""
+        if self._quiet:
+            return
+        self.chosen_iteration = int(change["new"]) or LATEST
+        self._set_selectors(
+            ((self.iteration_selector, self._iteration_options(), self.chosen_iteration),)
+        )
+        self.refresh()
 
     def _on_control(self, _change: dict[str, Any]) -> None:
         if self._quiet:
@@ -267,7 +316,7 @@ class TimelineView(Panels, live.LazyWidget):
             self.order_html.value = self.order_text()
         self.details.layout.display = "" if self.current.ranks else "none"
         if self._changed("panels", (revisions, self.showing, self.single)):
-            swap_figure(self.overlap_figure, figure_overlap(self.current))
+            swap_figure(self.overlap_figure, figure_overlap(self.current, self.single))
             swap_figure(self.collectives_figure, figure_collectives(self.current, self.single))
 
     def _sync_controls(self) -> None:
@@ -278,6 +327,15 @@ class TimelineView(Panels, live.LazyWidget):
                 (self.iteration_selector, self._iteration_options(), self.chosen_iteration),
             )
         )
+        latest, box = self._latest_of_all(), self.iteration_box
+        value = max(self.chosen_iteration, 0)
+        if box.max != max(latest, value) or box.value != value:
+            self._quiet = True
+            try:
+                box.max = max(latest, value)
+                box.value = value
+            finally:
+                self._quiet = False
 
 
 def versus(
@@ -319,6 +377,14 @@ def _order_item(s: TimelineSpan, t0: float) -> str:
         f"<li>{chip} <code>{html.escape(s.name) or 'root'}</code> "
         f"<span style='color:#777'>+{(s.start - t0) * 1e3:.3f} ms</span></li>"
     )
+
+
+def _listed(model: TimelineModel) -> list[int]:
+    """What the selector lists of a run's iterations: all, or the first and the latest."""
+    if model.count() <= MAX_ITERATION_OPTIONS:
+        return model.iterations()
+    first = model.earliest()
+    return [*([first] if first is not None else []), *model.recent(RECENT_OPTIONS)]
 
 
 def _heading(text: str) -> widgets.HTML:

@@ -391,8 +391,12 @@ def test_spans_ending_before_they_start_are_skipped_one_by_one() -> None:
     spans = [span("hook", "ok", 1, 2), span("hook", "back", 5, 4), span("hook", "inf", 1, 1e400)]
     m = TimelineModel(make_store([spans_event(0, 1, spans)]))
     assert m.order(0, 1, None) == ["ok"] and m.skipped == 2
+    # Batches are decoded when their iteration is first read: until then the batch only
+    # files its iteration, and its malformed spans are counted when read.
     only_bad = TimelineModel(make_store([spans_event(0, 1, [span("hook", "back", 5, 4)])]))
-    assert only_bad.update() is False and only_bad.skipped == 1 and only_bad.iterations() == []
+    assert only_bad.update() is True and only_bad.skipped == 0 and only_bad.iterations() == [1]
+    assert only_bad.spans(0, 1) == [] and only_bad.skipped == 1
+    assert only_bad.order(0, 1, None) == [] and only_bad.skipped == 1  # counted once
 
 
 @pytest.mark.parametrize(
@@ -401,12 +405,22 @@ def test_spans_ending_before_they_start_are_skipped_one_by_one() -> None:
         {"iteration": 0, "spans": []},  # iterations count from 1
         {"iteration": "1", "spans": []},
         {"spans": []},
-        {"iteration": 1, "spans": {"a": 1}},
     ],
 )
 def test_malformed_spans_events_are_skipped(payload: dict[str, Any]) -> None:
     m = TimelineModel(make_store([Event(TimelineSpans.KIND, 0, 1, 1.0, payload)]))
-    assert m.ranks == [] and m.skipped == 1
+    assert m.ranks == [] and m.skipped == 1  # no iteration to file it under
+
+
+def test_a_batch_is_checked_when_its_iteration_is_read() -> None:
+    bad = Event(TimelineSpans.KIND, 0, 1, 1.0, {"iteration": 1, "spans": {"a": 1}})
+    good = spans_event(0, 2, [span("hook", "ok", 1, 2)])
+    m = TimelineModel(make_store([bad, good]))
+    assert m.iterations() == [1, 2] and m.skipped == 0  # filed by iteration, unread
+    assert m.spans(0, 1) == [] and m.skipped == 1
+    assert m.order(0, 1, None) == [] and m.summary(0, 1).collectives == 0
+    assert m.skipped == 1  # read again (from the cache or not): counted once
+    assert m.order(0, 2, None) == ["ok"] and m.skipped == 1
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,167 @@
+"""The timeline model's index of raw ``timeline_spans`` events: per rank, per iteration,
+undecoded.
+
+A long run sends one batch per rank and iteration (100k events for 50k iterations on 2
+ranks, ~17 spans each); decoding all of them as they arrive would cost seconds, and a
+screen shows one iteration at a time. So an update only files each new event under its
+(rank, ``iteration``) after checking that one field, and the model decodes an
+iteration's batches when something asks for it: a batch whose spans turn out malformed
+is counted then (``TimelineModel.skipped``). Reading the events is the cost that is
+left: each lies in memory next to its spans, far from the next one, so the loop reads
+each event once and everything else works on what it read."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from interactive_shard.telemetry.schema import Event
+from interactive_shard.timeline.events import TimelineWatch
+
+_generations = itertools.count(1)
+WATCH = TimelineWatch.KIND
+
+
+class RankEvents:
+    """One rank's watch and its batches. ``raw`` maps an iteration to its batch, or to
+    its batches in arrival order when a flush split it (an Event is not tracked by the
+    garbage collector; 100k lists or tuples would be, and its collections would cost
+    more than filing them). ``generation`` changes when the rank is watched again, so
+    results cached for its earlier spans never match its new ones."""
+
+    __slots__ = ("checked", "generation", "raw", "sorted", "watch")
+
+    def __init__(self) -> None:
+        self.watch: TimelineWatch | None = None
+        self.raw: dict[int, Event | list[Event]] = {}
+        self.generation = next(_generations)
+        self.checked: dict[int, int] = {}  # iteration -> its batches decoded (and counted)
+        self.sorted: list[int] | None = []  # raw's keys ascending (None: to sort again)
+
+    def iterations(self) -> list[int]:
+        """Iterations with a batch, ascending (kept while batches come in order)."""
+        if self.sorted is None:
+            self.sorted = sorted(self.raw)
+        return self.sorted
+
+    def batches(self, iteration: int) -> list[Event]:
+        found = self.raw.get(iteration)
+        if found is None:
+            return []
+        return found if isinstance(found, list) else [found]
+
+    def stamp(self, iteration: int) -> tuple[int, int]:
+        """Changes whenever the iteration's data does: batches only ever add up."""
+        found = self.raw.get(iteration)
+        count = 0 if found is None else len(found) if isinstance(found, list) else 1
+        return self.generation, count
+
+    def note(self, new: list[int]) -> None:
+        """``new`` iterations were filed: still ascending after the known ones, they are
+        appended, else the next ``iterations()`` sorts them all."""
+        known = self.sorted
+        if known is None or not new:
+            return
+        if (not known or new[0] > known[-1]) and _ascending(new):
+            known.extend(new)
+        else:
+            self.sorted = None
+
+    @property
+    def spans(self) -> int:
+        """Spans received (reads every batch's length: for ``repr``)."""
+        found = (e.payload.get("spans") for e in self._events())
+        return sum(len(spans) for spans in found if type(spans) is list)
+
+    def _events(self) -> Iterator[Event]:
+        for found in self.raw.values():
+            yield from found if isinstance(found, list) else (found,)
+
+
+class Index:
+    """Every rank's ``RankEvents``; ``add`` files new events (watches restart a rank)."""
+
+    def __init__(self, decode: Callable[[Event], Any | None]) -> None:
+        self.ranks: dict[int, RankEvents] = {}
+        self._decode = decode  # a cursor's: None (counted) when the event does not fit
+        self._every: list[int] | None = []  # iterations of any rank, ascending (None: stale)
+        self._members: set[int] = set()
+
+    def iterations(self) -> list[int]:
+        """Iterations with a batch on any rank, ascending: kept up to date as batches
+        are filed (while they read hot), sorted again only after a rank restarted."""
+        if self._every is None:
+            self._members = set().union(*(r.raw for r in self.ranks.values()))
+            self._every = sorted(self._members)
+        return self._every
+
+    def add(self, events: list[Event]) -> bool:
+        """File ``events`` (batches and watches, in store order): each batch by its rank
+        and ``iteration``, in one loop that reads each event once. A long run's events
+        lie far apart in memory (each next to its spans), so reading them is most of the
+        cost: every field is read in one go, and the rest works on what was read."""
+        filing: dict[int, tuple[dict[int, Event | list[Event]], list[int]]] = {}
+        refused: list[Event] = []
+        changed = False
+        for event in events:
+            if event.kind == WATCH:  # rare: restarts the rank from here on
+                self._close(filing.pop(event.rank, None), event.rank)
+                changed = self._add_watch(event) or changed
+                continue
+            it = event.payload.get("iteration")
+            if type(it) is not int or it < 1:
+                refused.append(event)
+                continue
+            mine = filing.get(event.rank)
+            if mine is None:
+                here = self.ranks.get(event.rank)
+                if here is None:
+                    here = self.ranks[event.rank] = RankEvents()
+                mine = filing[event.rank] = (here.raw, [])
+            old = mine[0].setdefault(it, event)
+            if old is event:
+                mine[1].append(it)
+            else:  # a flush split the iteration: its batches, in order
+                mine[0][it] = [*old, event] if isinstance(old, list) else [old, event]
+        for rank, mine in filing.items():
+            self._close(mine, rank)
+        for event in refused:  # counted as malformed (decoding says why)
+            self._decode(event)
+        return changed or bool(filing)
+
+    def _close(
+        self, filing: tuple[dict[int, Event | list[Event]], list[int]] | None, rank: int
+    ) -> None:
+        """Note the iterations new to ``rank`` in this update."""
+        if filing is not None:
+            self.ranks[rank].note(filing[1])
+            self._note(filing[1])
+
+    def _add_watch(self, event: Event) -> bool:
+        record = self._decode(event)
+        if not isinstance(record, TimelineWatch):
+            return False
+        here = self.ranks.get(event.rank)
+        if here is None or here.watch is not None or here.raw:  # watched again: start over
+            if here is not None and here.raw:
+                self._every = None  # its iterations may be no other rank's
+            here = self.ranks[event.rank] = RankEvents()
+        here.watch = record
+        return True
+
+    def _note(self, new: list[int]) -> None:
+        every, members = self._every, self._members
+        if every is None:
+            return
+        fresh = [it for it in new if it not in members]
+        members.update(fresh)
+        if fresh and ((every and fresh[0] < every[-1]) or not _ascending(fresh)):
+            self._every = None
+        else:
+            every.extend(fresh)
+
+
+def _ascending(xs: list[int]) -> bool:
+    return all(map(operator.lt, xs, xs[1:]))

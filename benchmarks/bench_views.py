@@ -55,8 +55,23 @@ def _scaled(make: Callable[[int], list[Event]], events: int) -> list[Event]:
     return make(max(2, events // per))
 
 
-def streams(events: int, compiles: int) -> dict[str, Callable[[], list[Event]]]:
+def precision(events: int, world_size: int = 2) -> list[Event]:
+    """A long mixed-precision run of about ``events`` events: ``FakePrecision``'s watches
+    and its last iteration's batches copied, re-numbered, for every iteration. (Its
+    generator rescans a rank's records at every record: 50k iterations would take hours.)"""
     policies = {k: testing.fsdp2_policy("bf16", "fp32") for k in ("", "1", "2")}
+    fake = testing.FakePrecision(testing.mp_net(policies), world_size=world_size, iterations=3)
+    made = fake.events()
+    out = [e for e in made if e.kind == "precision_watch"]
+    last = [e for e in made if e.kind == "precision_batch" and e.step == fake.iterations]
+    for it in range(1, max(2, (events - len(out)) // len(last)) + 1):
+        for e in last:
+            payload = {k: [{**r, "iteration": it} for r in v] for k, v in e.payload.items()}
+            out.append(Event(e.kind, e.rank, it, fake.t0 + it + e.rank * 1e-6, payload))
+    return out
+
+
+def streams(events: int, compiles: int) -> dict[str, Callable[[], list[Event]]]:
     params = testing.mlp_params(8, 16)
 
     def splits() -> list[Event]:
@@ -69,9 +84,7 @@ def streams(events: int, compiles: int) -> dict[str, Callable[[], list[Event]]]:
             lambda n: testing.FakeRun(params, iterations=n).events(), events
         ),
         "splits": splits,
-        "precision": lambda: _scaled(
-            lambda n: testing.FakePrecision(testing.mp_net(policies), iterations=n).events(), events
-        ),
+        "precision": lambda: precision(events),
         "timeline": lambda: _scaled(lambda n: testing.FakeTimeline(iterations=n).events(), events),
         "ddp": lambda: _scaled(lambda n: testing.FakeLifecycle(iterations=n).events(), events),
     }

@@ -9,7 +9,7 @@ caches the results. No torch, no widgets.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from interactive_shard.precision.compare import (
@@ -381,64 +381,6 @@ class Finding:
     consumer: str | None = None
     ranks: tuple[int, ...] = ()
     iterations: tuple[int, ...] = ()
-
-
-class Findings:
-    """Findings of every (rank, iteration), kept up to date incrementally: an iteration
-    that got new events is recomputed, and its earlier contribution taken back, so a
-    long run costs what changed, not its length."""
-
-    def __init__(self) -> None:
-        self._where: dict[Draft, set[tuple[int, int]]] = {}
-        self._of: dict[tuple[int, int], list[Draft]] = {}
-        self._dirty: set[tuple[int, int]] = set()
-        self._merged: list[Finding] | None = None
-
-    def dirty(self, rank: int, iteration: int) -> None:
-        self._dirty.add((rank, iteration))
-        self._merged = None
-
-    def forget(self, rank: int) -> None:
-        for key in [k for k in (*self._of, *self._dirty) if k[0] == rank]:
-            self._take_back(key)
-            self._dirty.discard(key)
-        self._merged = None
-
-    def merged(self, drafts: Callable[[int, int], list[Draft]]) -> list[Finding]:
-        """Every finding, once, errors first, then by where it was first seen."""
-        for key in sorted(self._dirty):
-            self._take_back(key)
-            found = self._of[key] = _unique(drafts(*key))
-            for d in found:
-                self._where.setdefault(d, set()).add(key)
-        self._dirty.clear()
-        if self._merged is None:
-            order = {ERROR: 0, WARNING: 1, NOTE: 2}
-            self._merged = sorted(
-                (
-                    Finding(
-                        d.kind,
-                        d.level,
-                        d.unit,
-                        d.message,
-                        d.fix,
-                        d.consumer,
-                        tuple(sorted({r for r, _ in where})),
-                        tuple(sorted({i for _, i in where})),
-                    )
-                    for d, where in self._where.items()
-                ),
-                key=lambda f: (order.get(f.level, 3), min(f.iterations), f.unit, f.kind),
-            )
-        return list(self._merged)
-
-    def _take_back(self, key: tuple[int, int]) -> None:
-        for d in self._of.pop(key, []):
-            where = self._where.get(d)
-            if where is not None:
-                where.discard(key)
-                if not where:
-                    del self._where[d]
 
 
 def unit_name(fqn: str) -> str:

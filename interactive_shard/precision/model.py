@@ -12,20 +12,22 @@ No widgets, no torch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 
 from interactive_shard import features
 from interactive_shard.precision import analysis
+from interactive_shard.precision._batches import Batches, Iteration, Stream
+from interactive_shard.precision._findings import Findings
 from interactive_shard.precision.analysis import (
     Draft,
     Finding,
-    Findings,
     Held,
     Malformed,
-    aligned,
     check_watch,
     tree,
     unknown_unit,
@@ -40,12 +42,15 @@ from interactive_shard.precision.events import (
     Unit,
 )
 from interactive_shard.telemetry.consume import Cursor
+from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.ui.live import ShowsView
 
 log = logging.getLogger(__name__)
 
 REDUCTIONS = frozenset({"reduce_scatter", "all_reduce"})
+SMALL = 512  # batches not yet read below which the findings read them all
+_RANK, _KIND = attrgetter("rank"), attrgetter("kind")
 
 
 class ObservedFailure(PrecisionFailure, kw_only=True, frozen=True):
@@ -56,17 +61,16 @@ class ObservedFailure(PrecisionFailure, kw_only=True, frozen=True):
 
 @dataclass
 class _Rank:
+    batches: Batches
     watch: PrecisionWatch | None = None
-    # iteration -> unit -> records, in arrival order
-    seen: dict[int, dict[str, list[PrecisionSeen]]] = field(default_factory=dict)
-    collectives: dict[int, dict[str, list[PrecisionCollective]]] = field(default_factory=dict)
     failures: list[ObservedFailure] = field(default_factory=list)
-    outputs: dict[int, list[tuple[str, list[str]]]] = field(default_factory=dict)
-    iterations: set[int] = field(default_factory=set)
     units: dict[str, Unit] = field(default_factory=dict)
     unknown: dict[str, None] = field(default_factory=dict)  # reported, not in the watch
     tree: list[Unit] | None = None  # units() as a tree, until a unit is added
-    latest: int = 0
+
+    @property
+    def latest(self) -> int:
+        return max(self.batches.latest, max((f.iteration for f in self.failures), default=0))
 
 
 class PrecisionModel(ShowsView):
@@ -79,74 +83,100 @@ class PrecisionModel(ShowsView):
     >>> p.findings
 
     ``plan``: a ``PrecisionPlan`` the report compares with (``run.precision.plan = ...``).
+
+    The batches of records are decoded when an iteration they hold is first read (Note
+    [Lazy precision batches] in ``_batches.py``): an update costs a pass over the new
+    events' ranks, and reading an iteration costs its batches.
     """
 
     def __init__(self, store: RunStore) -> None:
         self.store = store
         self.revision = 0  # grows whenever precision data arrived; views compare it
         self.plan: Plan | None = None
+        # Watches and failures (few) are decoded as they arrive, batches when read.
         self._events = Cursor(store, _DECODE)
+        self._stream = Stream(lambda rank: self._here(rank).batches)
         self._ranks: dict[int, _Rank] = {}
         self._findings = Findings()
 
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
         """Consume new events; True when precision data changed."""
-        changed = False
-        for rank, kind, record in self._events.take():
-            try:
-                self._consume(rank, record)
-            except Malformed as err:
-                self._events.skip(rank, kind, err)
-                continue
-            changed = True
-        if changed:
-            self.revision += 1
-        return changed
+        start = self._events.position
+        rare, end = self.store.since(start, _RARE)
+        new = self._events.take_events()
+        if not new:
+            return False
+        if not rare and (self._events.position == end or not self.store.since(end, _RARE)[0]):
+            self._add_batches(new)  # batches only: the common case, no pass over them here
+        else:  # in log order: a watch starts its rank over, dropping what came before
+            kinds = list(map(_KIND, new))
+            at = 0
+            for i in [i for i, k in enumerate(kinds) if k != PrecisionBatch.KIND]:
+                if at < i:
+                    self._add_batches(new[at:i])
+                at = i + 1
+                self._consume(new[i])
+            if at < len(new):
+                self._add_batches(new[at:])
+        self.revision += 1
+        return True
 
     @property
     def skipped(self) -> int:
-        """Events (or records in them) that could not be read: logged, not kept."""
+        """Events (or records in them) that could not be read: logged, not kept. A batch
+        is read when an iteration it holds is (Note [Lazy precision batches])."""
         return self._events.skipped
 
-    def _consume(self, rank: int, record: Any) -> None:
+    def _here(self, rank: int) -> _Rank:
+        here = self._ranks.get(rank)
+        if here is None:
+            here = self._ranks[rank] = _Rank(Batches(rank, self._stream, self._skip_batch))
+        return here
+
+    def _skip_batch(self, event: Event, why: object) -> None:
+        self._events.skip(event.rank, event.kind, why)
+
+    def _consume(self, event: Event) -> None:
+        record = self._events.decode(event)
+        if record is None:
+            return
+        rank = event.rank
         if isinstance(record, PrecisionWatch):
-            check_watch(record)
-        here = self._ranks.setdefault(rank, _Rank())
-        if isinstance(record, PrecisionWatch):
-            if here.watch is not None or here.iterations:  # watched again: start over
+            try:
+                check_watch(record)
+            except Malformed as err:
+                self._events.skip(rank, event.kind, err)
+                return
+            here = self._here(rank)
+            if here.watch is not None or here.batches.any() or here.failures:
                 log.info("rank %d: precision_watch again; dropping its earlier events", rank)
                 self._findings.forget(rank)
-                here = self._ranks[rank] = _Rank()
+                start = len(self._stream.events)
+                batches = Batches(rank, self._stream, self._skip_batch, start=start)
+                here = self._ranks[rank] = _Rank(batches)
             here.watch = record
             here.units = {u.fqn: u for u in record.units}
             return
-        if isinstance(record, PrecisionBatch):
-            if not all(s.phase != "input" or aligned(s) for s in record.seen):
-                raise Malformed("input: dtypes, before and cast differ in length")
-            for seen in record.seen:
-                self._record(rank, here, seen)
-            for collective in record.collectives:
-                self._record(rank, here, collective)
-        else:
-            self._record(rank, here, ObservedFailure(**msgspec.structs.asdict(record), rank=rank))
+        here = self._here(rank)
+        failure = ObservedFailure(**msgspec.structs.asdict(record), rank=rank)
+        here.failures.append(failure)
+        self._unit_named(here, failure.unit)
 
-    def _record(self, rank: int, here: _Rank, record: Any) -> None:
-        it = record.iteration
-        if isinstance(record, PrecisionSeen):
-            here.seen.setdefault(it, {}).setdefault(record.unit, []).append(record)
-            if record.phase == "output":
-                here.outputs.setdefault(it, []).append((record.unit, record.dtypes))
-        elif isinstance(record, PrecisionCollective):
-            here.collectives.setdefault(it, {}).setdefault(record.unit, []).append(record)
-        else:
-            here.failures.append(record)
-        here.iterations.add(it)
-        here.latest = max(here.latest, it)
-        if record.unit not in here.units and record.unit not in here.unknown:
-            here.unknown[record.unit] = None
+    def _add_batches(self, new: list[Event]) -> None:
+        self._stream.add(new)  # no pass over them: a rank reads its own when it must
+
+    def _unit_named(self, here: _Rank, fqn: str) -> None:
+        if fqn not in here.units and fqn not in here.unknown:
+            here.unknown[fqn] = None
             here.tree = None
-        self._findings.dirty(rank, it)
+
+    def _read(self, rank: int, iteration: int) -> Iteration:
+        here = self._rank(rank)
+        found = here.batches.read(iteration)
+        for fqn in found.units:
+            self._unit_named(here, fqn)
+        return found
 
     # -- what was observed -------------------------------------------------------------------
     @property
@@ -158,7 +188,11 @@ class PrecisionModel(ShowsView):
     def iterations(self) -> list[int]:
         """Iterations any rank reported something of, ascending (1 = the first watched)."""
         self.update()
-        return sorted({i for r in self._ranks.values() for i in r.iterations})
+        found: set[int] = set()
+        for r in self._ranks.values():
+            found.update(r.batches.iterations())
+            found.update(f.iteration for f in r.failures)
+        return sorted(found)
 
     def latest(self, rank: int | None = None) -> int | None:
         """The newest iteration of ``rank`` (None: of any rank); None before any."""
@@ -181,8 +215,11 @@ class PrecisionModel(ShowsView):
 
     def units(self, rank: int = 0) -> list[Unit]:
         """The rank's units as a tree, depth first: root first, children in module order
-        (units reported but not in the watch come last, without a parent)."""
+        (units reported but not in the watch come last, without a parent: those of the
+        iterations read so far, the latest always)."""
         here = self._rank(rank)
+        if here.latest:
+            self._read(rank, here.latest)
         if here.tree is None:
             known = [*here.units.values(), *(unknown_unit(f) for f in sorted(here.unknown))]
             here.tree = tree(known)
@@ -200,7 +237,7 @@ class PrecisionModel(ShowsView):
 
     def seen(self, fqn: str, *, rank: int = 0, iteration: int = 1) -> list[PrecisionSeen]:
         """Every record of unit ``fqn`` in ``iteration`` on ``rank``, in arrival order."""
-        return list(self._rank(rank).seen.get(iteration, {}).get(fqn, []))
+        return list(self._read(rank, iteration).seen.get(fqn, ()))
 
     def observed(self, fqn: str, *, rank: int = 0, iteration: int = 1) -> dict[str, str]:
         """Phase -> dtype (``"torch.bfloat16"``) of unit ``fqn``; several: joined."""
@@ -232,7 +269,7 @@ class PrecisionModel(ShowsView):
         self, fqn: str | None = None, *, rank: int = 0, iteration: int = 1
     ) -> list[PrecisionCollective]:
         """The collectives unit ``fqn`` (None: every unit) issued in ``iteration``."""
-        found = self._rank(rank).collectives.get(iteration, {})
+        found = self._read(rank, iteration).collectives
         if fqn is not None:
             return list(found.get(fqn, []))
         return [c for mine in found.values() for c in mine]
@@ -271,7 +308,7 @@ class PrecisionModel(ShowsView):
         only and failures planned but not seen (or the reverse) are differences too."""
         self.update()
         ranks = [rank] if rank is not None else sorted(self._ranks)
-        if not any(self._rank(r).iterations for r in ranks):
+        if not any(self._rank(r).latest for r in ranks):
             return Comparison(False, ["no rank reported a precision event yet"])
         lines: list[str] = []
         cells: dict[Any, tuple[str, str]] = {}
@@ -293,9 +330,45 @@ class PrecisionModel(ShowsView):
     @property
     def findings(self) -> list[Finding]:
         """Failures with their fix, policies a unit does not follow, inputs cast twice or
-        reaching a unit uncast: merged over ranks and iterations."""
+        reaching a unit uncast: merged over ranks and iterations (every iteration is
+        read: the first call on a long run decodes it all, later ones what is new)."""
         self.update()
-        return self._findings.merged(self._drafts)
+        for rank, here in self._ranks.items():
+            for it in sorted({*here.batches.iterations(), *(f.iteration for f in here.failures)}):
+                self._check(rank, it)
+        return self._findings.merged()
+
+    def findings_read(self, also: Iterable[tuple[int, int]] = ()) -> list[Finding]:
+        """The findings of the (rank, iteration)s read so far and of ``also``, merged:
+        what a view can afford on a long run (``findings`` reads every iteration). While
+        fewer than ``SMALL`` batches are unread, every iteration is read."""
+        self.update()
+        if len(self._stream.events) <= SMALL + len(self._findings):
+            return self.findings
+        for rank, it in also:
+            if rank in self._ranks and it >= 1:
+                self._check(rank, it)
+        return self._findings.merged()
+
+    @property
+    def findings_count(self) -> int:
+        """How many (rank, iteration)s the findings were read from."""
+        return len(self._findings)
+
+    def _check(self, rank: int, iteration: int) -> None:
+        here = self._ranks[rank]
+        failed = tuple(
+            (f.unit, f.consumer, f.message) for f in here.failures if f.iteration == iteration
+        )
+        version: Hashable = (here.batches.version(iteration), failed, len(here.unknown))
+        if self._findings.current((rank, iteration), version):
+            return
+        found = self._read(rank, iteration)
+        content = (found.key(), failed, tuple(here.unknown), id(here.watch))
+        version = (here.batches.version(iteration), failed, len(here.unknown))
+        self._findings.put(
+            (rank, iteration), version, content, lambda: self._drafts(rank, iteration)
+        )
 
     def _drafts(self, rank: int, iteration: int) -> list[Draft]:
         here, wrapper = self._rank(rank), self.wrapper(rank)
@@ -306,7 +379,7 @@ class PrecisionModel(ShowsView):
                 s for s in self.seen(u.fqn, rank=rank, iteration=iteration) if s.phase == "input"
             ]
             out += analysis.unit_findings(u, wrapper, observed, inputs[:1])
-        outputs = here.outputs.get(iteration, [])
+        outputs = self._read(rank, iteration).outputs
         for f in here.failures:
             if f.iteration == iteration:
                 observed = self.observed(f.unit, rank=rank, iteration=iteration)
@@ -328,9 +401,10 @@ class PrecisionModel(ShowsView):
         )
 
 
-_EMPTY = _Rank()
+_EMPTY = _Rank(Stream().batches_of(-1))
 _DECODE: dict[str, type[Any]] = {
     PrecisionWatch.KIND: PrecisionWatch,
     PrecisionBatch.KIND: PrecisionBatch,
     PrecisionFailure.KIND: PrecisionFailure,
 }
+_RARE = (PrecisionWatch.KIND, PrecisionFailure.KIND)

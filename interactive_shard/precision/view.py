@@ -44,6 +44,7 @@ __all__ = ["PrecisionView", "report_figures"]
 
 LATEST = 0  # iteration selector value that follows the newest iteration
 MAX_FINDINGS = 30  # listed in the widget; all are in PrecisionModel.findings
+MAX_FAILED = 20  # failed iterations named next to the iteration selector
 
 
 class PrecisionView(Panels, live.LazyWidget):
@@ -183,9 +184,16 @@ class PrecisionView(Panels, live.LazyWidget):
         return "<br>".join(parts)
 
     def findings_text(self) -> str:
-        """Observed failures and findings with their fixes, and the plan's predicted ones."""
+        """Observed failures and findings with their fixes, and the plan's predicted ones.
+
+        On a long run, those of the iterations read so far: every rank's first and latest,
+        the one shown and those that failed (``run.precision.findings`` reads them all)."""
         items = []
-        findings = self.model.findings
+        m = self.model
+        also = [(f.rank, f.iteration) for f in m.failures]
+        for r in m.ranks:
+            also += [(r, 1), (r, m.latest(r) or 1), (r, self.iteration)]
+        findings = m.findings_read(also)
         for f in findings[:MAX_FINDINGS]:
             color = LEVEL_COLORS.get(f.level, "#999999")
             where = f"rank(s) {', '.join(map(str, f.ranks))}"
@@ -208,9 +216,17 @@ class PrecisionView(Panels, live.LazyWidget):
                 f"{html.escape(getattr(p, 'fix_note', '') or '')} <code>"
                 f"{html.escape(fix_text(getattr(p, 'fix', None)))}</code></li>"
             )
+        total = sum(m.latest(r) or 0 for r in m.ranks)
+        read = m.findings_count
+        partial = (
+            f" <i>(from {read:,} of {total:,} rank-iterations read: the first, latest, shown "
+            "and failed ones; <code>run.precision.findings</code> reads them all)</i>"
+            if read < total
+            else ""
+        )
         if not items:
-            return "<b>Findings:</b> none."
-        return f"<b>Findings: {len(items)}</b><ul>{''.join(items)}</ul>"
+            return f"<b>Findings:</b> none.{partial}"
+        return f"<b>Findings: {len(items)}</b>{partial}<ul>{''.join(items)}</ul>"
 
     def _status(self) -> str:
         ranks = self.model.ranks
@@ -222,7 +238,7 @@ class PrecisionView(Panels, live.LazyWidget):
         units = self.model.units(self.rank)
         parts = [
             f"<b>{self.model.wrapper(self.rank)}</b> · {len(units)} unit(s) · world size "
-            f"{self.model.world_size} · {len(self.model.iterations)} iteration(s)"
+            f"{self.model.world_size} · {self.model.latest() or 0} iteration(s)"
         ]
         failed = self.model.failures
         if failed:
@@ -244,9 +260,15 @@ class PrecisionView(Panels, live.LazyWidget):
         self.rank_selector = widgets.Dropdown(
             description="rank", options=self._rank_options(), value=self.rank
         )
-        self.iteration_selector = widgets.Dropdown(
-            description="iteration", options=self._iteration_options(), value=self.chosen_iteration
+        # A number, not a list of every iteration: a long run has 10,000 (0: the latest).
+        self.iteration_selector = widgets.BoundedIntText(
+            description="iteration",
+            value=self.chosen_iteration,
+            min=LATEST,
+            max=self._iteration_max(),
+            layout={"width": "200px"},
         )
+        self.iteration_html = widgets.HTML()
         self.unit_selector = widgets.Dropdown(
             description="unit",
             options=self._unit_options(),
@@ -265,7 +287,14 @@ class PrecisionView(Panels, live.LazyWidget):
         self._widget = widgets.VBox(
             [
                 self.status_html,
-                widgets.HBox([self.rank_selector, self.iteration_selector, self.unit_selector]),
+                widgets.HBox(
+                    [
+                        self.rank_selector,
+                        self.iteration_selector,
+                        self.iteration_html,
+                        self.unit_selector,
+                    ]
+                ),
                 self.grid_figure,
                 _heading("Unit"),
                 self.unit_html,
@@ -283,12 +312,18 @@ class PrecisionView(Panels, live.LazyWidget):
     def _rank_options(self) -> list[tuple[str, int]]:
         return [(str(r), r) for r in sorted({*self.model.ranks, self.rank})]
 
-    def _iteration_options(self) -> list[tuple[str, int]]:
-        found = set(self.model.iterations) | ({self.chosen_iteration} - {LATEST})
-        failed = {f.iteration for f in self.model.failures}
-        return [("latest", LATEST)] + [
-            (f"{it}{' · failed' if it in failed else ''}", it) for it in sorted(found)
-        ]
+    def _iteration_max(self) -> int:
+        return max(self.model.latest() or 1, self.chosen_iteration)
+
+    def iteration_text(self) -> str:
+        """Next to the iteration selector: what 0 means, the range, the failed ones."""
+        latest = self.model.latest(self.rank) or 0
+        failed = sorted({f.iteration for f in self.model.failures if f.rank == self.rank})
+        shown = ", ".join(map(str, failed[:MAX_FAILED])) + ("…" if len(failed) > MAX_FAILED else "")
+        parts = [f"0 = latest ({latest})" if latest else "0 = latest (none yet)"]
+        if failed:
+            parts.append(f"<span style='color:{DIFF}'>failed: {shown}</span>")
+        return " · ".join(parts)
 
     def _unit_options(self) -> list[tuple[str, str | None]]:
         units = self.model.units(self.rank)
@@ -352,10 +387,21 @@ class PrecisionView(Panels, live.LazyWidget):
         self._set_selectors(
             (
                 (self.rank_selector, self._rank_options(), self.rank),
-                (self.iteration_selector, self._iteration_options(), self.chosen_iteration),
                 (self.unit_selector, self._unit_options(), self.unit),
             )
         )
+        self._quiet = True
+        try:
+            top = self._iteration_max()
+            if self.iteration_selector.max != top:
+                self.iteration_selector.max = top
+            if self.iteration_selector.value != self.chosen_iteration:
+                self.iteration_selector.value = self.chosen_iteration
+        finally:
+            self._quiet = False
+        text = self.iteration_text()
+        if self.iteration_html.value != text:
+            self.iteration_html.value = text
 
 
 def _name(fqn: str | None) -> str:

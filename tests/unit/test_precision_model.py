@@ -312,8 +312,9 @@ def test_malformed_events_are_skipped_and_counted() -> None:
         Event("precision_watch", 1, 0, 1.0, orphan),
     ]
     m = PrecisionModel(make_store([*good[:1], *bad, *good[1:]]))
-    assert m.update() and m.skipped == len(bad)
+    assert m.update() and m.skipped == 2  # the watch and the failure: batches wait to be read
     assert m.ranks == [0] and m.observed("1")["param"] == BF16
+    assert m.iterations == [1] and m.skipped == len(bad)  # iteration 1 read, and every batch
     assert payload_types(PrecisionWatch)["units"] is list
 
 

@@ -22,7 +22,12 @@ from typing import Annotated, Any, get_args, get_origin
 import msgspec
 import numpy as np
 
-from interactive_shard.lifecycle.events import Caller, Collective, LifecycleIteration
+from interactive_shard.lifecycle.events import (
+    Caller,
+    Collective,
+    LifecycleCheck,
+    LifecycleIteration,
+)
 from interactive_shard.telemetry.schema import Event
 
 # Collective.caller -> the purpose the view and `collectives()` report.
@@ -71,6 +76,9 @@ def _gc_free(
 _ALL = [f.name for f in msgspec.structs.fields(LifecycleIteration)]
 _Sent = _gc_free(Collective, "_Sent", ("nbytes", "caller"), {})
 _Part = _gc_free(LifecycleIteration, "_Part", _ALL, {Collective: _Sent})
+CheckRecord = _gc_free(
+    LifecycleCheck, "CheckRecord", [f.name for f in msgspec.structs.fields(LifecycleCheck)], {}
+)
 _Arrived = msgspec.defstruct("_Arrived", [("rank", int), ("payload", _Part)], gc=False)
 _Arrived.__doc__ = "An event's rank and payload, read from the Event (from_attributes)."
 
@@ -108,10 +116,10 @@ class Parts:
         """The parts at positions ``sel`` (an int array), in that order."""
         at = sel.tolist()
         return Parts(
-            [self.events[i] for i in at] if self.events else [],
+            list(map(self.events.__getitem__, at)) if self.events else [],
             {k: v[sel] for k, v in self.cols.items()},
-            [self.ready[i] for i in at],
-            [self.unready[i] for i in at],
+            list(map(self.ready.__getitem__, at)),
+            list(map(self.unready.__getitem__, at)),
         )
 
 

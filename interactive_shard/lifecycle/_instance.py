@@ -172,10 +172,8 @@ class Instance:
                 by_index.setdefault(i, []).extend(
                     observed(c, self.rank, i) for c in record.collectives
                 )
-        names, cols = (
-            t.names.tuples,
-            {k: t.col(k)[start:stop].tolist() for k in _BUILT + _BUILT_NAMES},
-        )
+        names = t.names.tuples
+        cols = {k: t.col(k)[start:stop].tolist() for k in _BUILT}
         out = []
         for k, i in enumerate(cols["index"]):
             finished, walk = cols["finished"][k], cols["walk"][k]
@@ -197,8 +195,8 @@ class Instance:
         return out
 
 
-_BUILT = ("index", "forwards", "dropped", "backward", "finished", "walk", "steps", "watch")
-_BUILT_NAMES = ("ready", "unready")
+# The columns an Iteration is built from (ready, unready: ids into the NamePool).
+_BUILT = "index forwards dropped backward finished walk steps watch ready unready".split()
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Eight gloo CPU ranks (on 2 cores: a small model) train a DDP ``Stack(blocks=4, width=64)``
 watched with ``ish.watch(ddp, timeline=True)`` (bucket, splits-less DDP, lifecycle and
-timeline probes), emitting ``--scalars`` scalars per step; rank 7 sleeps 20 ms before each
+timeline probes), emitting ``--scalars`` scalars per step; rank 7 sleeps 100 ms before each
 backward (a straggler). Two variants, interleaved over ``--repeats`` rounds:
 
 * ``views``: every feature's view (monitor, buckets, timeline, lifecycle, precision,
@@ -55,7 +55,7 @@ def train(ctx: Any, steps: int, scalars: int) -> list[float]:
         t0 = time.monotonic()
         loss = ddp(torch.randn(8, 64, generator=gen)).pow(2).mean()
         if ctx.rank == STRAGGLER:
-            time.sleep(0.02)
+            time.sleep(0.1)  # longer than 8 ranks' scheduling noise on 2 cores
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -121,12 +121,14 @@ def one(cluster: ish.Cluster, variant: str, steps: int, scalars: int) -> dict[st
     t0 = time.monotonic()
     run = cluster.run(train, steps, scalars, wait=False)
     views = views_of(run) if variant == "views" else {}
+    built = time.monotonic() - t0
     run.wait()
     wall = time.monotonic() - t0
     step_s = statistics.median(t for times in run.results for t in times[1:])
     out: dict[str, Any] = {
         "step_ms": step_s * 1e3,
         "wall_s": wall,
+        "build_s": built,
         "events": len(run.store),
         "events_per_s": len(run.store) / wall,
     }
@@ -155,14 +157,18 @@ def main() -> int:
     )
     results: dict[str, list[dict[str, Any]]] = {"views": [], "plain": []}
     with ish.Cluster(RANKS, timeout=600, echo=False) as cluster:
-        cluster.run(train, 2, 0)  # warm up: imports, the process group, DDP's first build
+        # Warm up: imports (plotly's figure widgets take seconds the first time), the
+        # process group, DDP's first build.
+        for v in views_of(cluster.run(train, 2, 0)).values():
+            _close(v.view.widget)
         for rnd in range(args.repeats):
             for variant in ("views", "plain") if rnd % 2 == 0 else ("plain", "views"):
                 r = one(cluster, variant, args.steps, args.scalars)
                 results[variant].append(r)
                 print(
                     f"  round {rnd + 1} {variant:<5}: step {r['step_ms']:.1f} ms, wall "
-                    f"{r['wall_s']:.1f} s, {r['events']:,} events ({r['events_per_s']:,.0f}/s)",
+                    f"{r['wall_s']:.1f} s (views built in {r['build_s']:.1f} s), "
+                    f"{r['events']:,} events",
                     flush=True,
                 )
     checks = [r["checks"] for r in results["views"]]

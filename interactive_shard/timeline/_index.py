@@ -58,13 +58,13 @@ class RankEvents:
         count = 0 if found is None else len(found) if isinstance(found, list) else 1
         return self.generation, count
 
-    def note(self, new: list[int]) -> None:
-        """``new`` iterations were filed: still ascending after the known ones, they are
-        appended, else the next ``iterations()`` sorts them all."""
+    def note(self, new: list[int], ascending: bool) -> None:
+        """``new`` iterations were filed (``ascending``: in increasing order): after the
+        known ones, they are appended, else the next ``iterations()`` sorts them all."""
         known = self.sorted
         if known is None or not new:
             return
-        if (not known or new[0] > known[-1]) and _ascending(new):
+        if ascending and (not known or new[0] > known[-1]):
             known.extend(new)
         else:
             self.sorted = None
@@ -78,6 +78,17 @@ class RankEvents:
     def _events(self) -> Iterator[Event]:
         for found in self.raw.values():
             yield from found if isinstance(found, list) else (found,)
+
+
+class _Filing:
+    """One rank's batches being filed by ``Index.add``."""
+
+    __slots__ = ("raw", "size", "split")
+
+    def __init__(self, raw: dict[int, Event | list[Event]]) -> None:
+        self.raw = raw
+        self.size = len(raw)  # iterations it had: the ones after are new
+        self.split: list[tuple[int, Event]] = []
 
 
 class Index:
@@ -101,8 +112,9 @@ class Index:
         """File ``events`` (batches and watches, in store order): each batch by its rank
         and ``iteration``, in one loop that reads each event once. A long run's events
         lie far apart in memory (each next to its spans), so reading them is most of the
-        cost: every field is read in one go, and the rest works on what was read."""
-        filing: dict[int, tuple[dict[int, Event | list[Event]], list[int]]] = {}
+        cost: the loop does no more than read and file, and what it filed is read back
+        from the dicts afterwards (new keys come last, in insertion order)."""
+        filing: dict[int, _Filing] = {}
         refused: list[Event] = []
         changed = False
         for event in events:
@@ -110,7 +122,11 @@ class Index:
                 self._close(filing.pop(event.rank, None), event.rank)
                 changed = self._add_watch(event) or changed
                 continue
-            it = event.payload.get("iteration")
+            try:
+                it = event.payload["iteration"]
+            except (KeyError, TypeError):
+                refused.append(event)
+                continue
             if type(it) is not int or it < 1:
                 refused.append(event)
                 continue
@@ -119,25 +135,28 @@ class Index:
                 here = self.ranks.get(event.rank)
                 if here is None:
                     here = self.ranks[event.rank] = RankEvents()
-                mine = filing[event.rank] = (here.raw, [])
-            old = mine[0].setdefault(it, event)
-            if old is event:
-                mine[1].append(it)
-            else:  # a flush split the iteration: its batches, in order
-                mine[0][it] = [*old, event] if isinstance(old, list) else [old, event]
+                mine = filing[event.rank] = _Filing(here.raw)
+            if mine.raw.setdefault(it, event) is not event:
+                mine.split.append((it, event))  # a flush split the iteration
         for rank, mine in filing.items():
             self._close(mine, rank)
         for event in refused:  # counted as malformed (decoding says why)
             self._decode(event)
         return changed or bool(filing)
 
-    def _close(
-        self, filing: tuple[dict[int, Event | list[Event]], list[int]] | None, rank: int
-    ) -> None:
-        """Note the iterations new to ``rank`` in this update."""
-        if filing is not None:
-            self.ranks[rank].note(filing[1])
-            self._note(filing[1])
+    def _close(self, filing: _Filing | None, rank: int) -> None:
+        """Finish filing ``rank``'s batches: its split iterations, and the iterations
+        new to it (the keys its dict gained) noted."""
+        if filing is None:
+            return
+        raw = filing.raw
+        new = list(itertools.islice(raw, filing.size, None))
+        for it, event in filing.split:  # its batches, in arrival order
+            old = raw[it]
+            raw[it] = [*old, event] if isinstance(old, list) else [old, event]
+        ascending = _ascending(new)
+        self.ranks[rank].note(new, ascending)
+        self._note(new, ascending)
 
     def _add_watch(self, event: Event) -> bool:
         record = self._decode(event)
@@ -151,16 +170,25 @@ class Index:
         here.watch = record
         return True
 
-    def _note(self, new: list[int]) -> None:
+    def _note(self, new: list[int], ascending: bool) -> None:
+        """Add ``new`` (one rank's) to the iterations of any rank. The common cases run
+        in C: all new (the rank ahead), none new (the others); ranks a few iterations
+        apart (a live run) add the few beyond the last."""
         every, members = self._every, self._members
-        if every is None:
+        if every is None or not new:
             return
-        fresh = [it for it in new if it not in members]
-        members.update(fresh)
-        if fresh and ((every and fresh[0] < every[-1]) or not _ascending(fresh)):
-            self._every = None
+        if members.isdisjoint(new):
+            fresh = new
+        elif members.issuperset(new):
+            return
         else:
+            fresh = [it for it in new if it not in members]
+            ascending = _ascending(fresh)
+        members.update(fresh)
+        if ascending and (not every or fresh[0] > every[-1]):
             every.extend(fresh)
+        else:
+            self._every = None  # out of order: sorted when asked
 
 
 def _ascending(xs: list[int]) -> bool:

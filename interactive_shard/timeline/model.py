@@ -19,21 +19,15 @@ widgets, no torch.
 from __future__ import annotations
 
 import logging
-import math
 import pathlib
-import statistics
-from bisect import bisect_left
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar, cast
-
-import msgspec
+from typing import Any, TypeVar
 
 from interactive_shard import features
 from interactive_shard.telemetry.consume import Cursor
-from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
+from interactive_shard.timeline._across import Matches, Offsets, bunched, match, sample
+from interactive_shard.timeline._decoding import CACHED_ITERATIONS, Decoded, Decoder, Memo
 from interactive_shard.timeline._index import Index, RankEvents
 from interactive_shard.timeline._iteration import (
     BACKWARD,
@@ -44,15 +38,24 @@ from interactive_shard.timeline._iteration import (
     Iteration,
     union,
 )
+from interactive_shard.timeline._types import (
+    Malformed,
+    Matched,
+    Summary,
+    TimelineFinding,
+    TimelineSpan,
+)
 from interactive_shard.timeline.chrome import chrome_trace, write_chrome_trace
 from interactive_shard.timeline.events import KINDS, Span, TimelineSpans, TimelineWatch
 from interactive_shard.ui.live import ShowsView
 
 __all__ = [
     "BACKWARD",
+    "CACHED_ITERATIONS",
     "COMPUTE",
     "FORWARD",
     "PHASES",
+    "Malformed",
     "Matched",
     "Summary",
     "TimelineFinding",
@@ -63,81 +66,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-CACHED_ITERATIONS = 4096  # decoded (rank, iteration)s kept, most recently used
-ALIGN_SAMPLES = 64  # collectives a rank on another host is aligned by ...
-ALIGN_ITERATIONS = 256  # ... found in at most this many of its first iterations
-BAD_SPAN = "timeline span (it ends before it starts)"
-
-
-class TimelineSpan(msgspec.Struct, kw_only=True, frozen=True):
-    """A span of one rank, its times in seconds on the aligned clock (rank 0's)."""
-
-    kind: str
-    name: str
-    start: float
-    end: float
-    rank: int
-    iteration: int
-    detail: dict[str, str | int | float | bool] = {}
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class Matched:
-    """One collective seen on several ranks: the ``index``-th (from 0) of its ``group``
-    and ``op`` in the iteration on each of them. Times aligned; ``waited``: how long each
-    rank waited in it for the ``straggler`` (the rank that started it last)."""
-
-    index: int
-    op: str
-    group: str
-    nbytes: int
-    starts: dict[int, float]
-    ends: dict[int, float]
-    straggler: int
-    waited: dict[int, float]
-
-
-@dataclass(frozen=True)
-class TimelineFinding:
-    """Something the timelines show, merged over ranks and iterations."""
-
-    kind: str  # "bunched": no collective of the backward overlapped its compute
-    ranks: list[int]
-    iterations: list[int]
-    message: str
-
-
-class Summary(NamedTuple):
-    """One (rank, iteration)'s backward in four numbers (what overviews of a long run
-    plot): its collectives, ``overlap`` (0..1) and ``exposed`` seconds as ``overlap()``
-    and ``exposed()`` give them, and whether its collectives were ``bunched``."""
-
-    collectives: int
-    overlap: float
-    exposed: float
-    bunched: bool
-
-
-class Malformed(ValueError):
-    """A payload that follows its Struct but cannot be a real span."""
-
-
-class _Decoded:
-    """A (rank, iteration) decoded: its good spans in arrival order and their Iteration,
-    under the stamp of the batches they came from; ``aligned`` at one offset."""
-
-    __slots__ = ("aligned", "good", "iteration", "stamp")
-
-    def __init__(self, stamp: tuple[int, int], good: list[Span]) -> None:
-        self.stamp = stamp
-        self.good = good
-        self.iteration = Iteration(good)
-        self.aligned: tuple[float, list[TimelineSpan]] | None = None
 
 
 class TimelineModel(ShowsView):
@@ -155,10 +83,10 @@ class TimelineModel(ShowsView):
         self.revision = 0  # grows whenever timeline data arrived; views compare it
         self._events = Cursor(store, _DECODE)
         self._index = Index(self._events.decode)
-        self._decoded: OrderedDict[tuple[int, int], _Decoded] = OrderedDict()
+        self._decoder = Decoder(self._events)
         self._summaries: dict[tuple[int, int], tuple[tuple[int, int], Summary]] = {}
-        self._memo: OrderedDict[tuple[Any, ...], tuple[Any, Any]] = OrderedDict()
-        self._offsets: dict[int, tuple[int, tuple[Any, ...], bool, float]] = {}
+        self._memo = Memo()
+        self._offsets = Offsets()
 
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
@@ -222,16 +150,7 @@ class TimelineModel(ShowsView):
         stride (1: every one). By position and from a fixed ladder: while a run grows
         the sample stays the same until the stride steps up, so what was read stays
         cached. What overviews of a long run draw."""
-        its = self._iterations(rank)
-        stride, k = 1, 0
-        while len(its) > most * stride:
-            k += 1
-            stride = _STRIDES[k % 3] * 10 ** (k // 3)
-        if stride == 1:
-            return list(its), 1
-        chosen = {*its[::stride], its[-1]}
-        chosen.update(x for x in keep if x is not None and _contains(its, x))
-        return sorted(chosen), stride
+        return sample(self._iterations(rank), most, keep)
 
     def watch(self, rank: int = 0) -> TimelineWatch | None:
         return self._rank(rank).watch
@@ -246,30 +165,7 @@ class TimelineModel(ShowsView):
             return 0.0  # no host to tell otherwise: the common case, one machine
         if here.watch.host == zero.watch.host:
             return 0.0
-        known = self._offsets.get(rank)
-        if known is not None and known[0] == self.revision:
-            return known[3]
-        if known is not None and known[2] and known[1] == self._stamps(rank, known[1]):
-            self._offsets[rank] = (self.revision, *known[1:])
-            return known[3]  # enough samples, their iterations unchanged: it stays
-        walked, diffs = [], []
-        for it in self._iterations(rank):
-            if it not in zero.raw:
-                continue
-            walked.append((it, zero.stamp(it), here.stamp(it)))
-            diffs += [
-                m[0].end - m[rank].end for m in self._match(it).values() if 0 in m and rank in m
-            ]
-            if len(diffs) >= ALIGN_SAMPLES or len(walked) >= ALIGN_ITERATIONS:
-                break
-        value = statistics.median(diffs) if diffs else 0.0
-        settled = len(diffs) >= ALIGN_SAMPLES or len(walked) >= ALIGN_ITERATIONS
-        self._offsets[rank] = (self.revision, tuple(walked), settled, value)
-        return value
-
-    def _stamps(self, rank: int, walked: tuple[Any, ...]) -> tuple[Any, ...]:
-        here, zero = self._rank(rank), self._rank(0)
-        return tuple((it, zero.stamp(it), here.stamp(it)) for it, _, _ in walked)
+        return self._offsets.get(rank, self.revision, here, zero, self._match)
 
     @property
     def origin(self) -> float | None:
@@ -396,23 +292,12 @@ class TimelineModel(ShowsView):
             out.append(Matched(k, op, group, _nbytes(first), starts, ends, last, waited))
         return sorted(out, key=lambda m: (min(m.starts.values()), m.op, m.index))
 
-    def _match(self, it: int) -> dict[tuple[str, str, int], dict[int, Span]]:
+    def _match(self, it: int) -> Matches:
         """(group, op, k) -> rank -> the k-th collective with that group and op."""
 
-        def build() -> dict[tuple[str, str, int], dict[int, Span]]:
-            out: dict[tuple[str, str, int], dict[int, Span]] = {}
-            for r in sorted(self._index.ranks):
-                counts: dict[tuple[str, str], int] = {}
-                found = self._iteration(r, it)
-                for i in found.indices(None, COLLECTIVE):  # by start, then end
-                    s = found.spans[i]
-                    key = (str(s.detail.get("group", "")), str(s.detail.get("op", s.name)))
-                    k = counts[key] = counts.get(key, -1) + 1
-                    out.setdefault((*key, k), {})[r] = s
-            return out
-
         stamp = tuple((r, h.stamp(it)) for r, h in sorted(self._index.ranks.items()))
-        return self._remember(("match", it), stamp, build)
+        read = lambda r: self._iteration(r, it)  # noqa: E731
+        return self._remember(("match", it), stamp, lambda: match(self._index.ranks, read))
 
     # -- conclusions -------------------------------------------------------------------------
     @property
@@ -434,16 +319,7 @@ class TimelineModel(ShowsView):
             for it in (self._iterations(r) if chosen is None else chosen)
             if it in self._index.ranks[r].raw and self.summary(r, it).bunched
         ]
-        if not hit:
-            return []
-        ranks, its = sorted({r for r, _ in hit}), sorted({i for _, i in hit})
-        r, it = hit[0]
-        message = (
-            f"rank(s) {_listed(ranks)}, iteration(s) {_listed(its)}: every collective of the "
-            "backward started after its last backward span ended, so none overlapped it "
-            f"(rank {r}, iteration {it}: {self.exposed(r, it) * 1e3:.3g} ms exposed)"
-        )
-        return [TimelineFinding("bunched", ranks, its, message)]
+        return [bunched(hit, self.exposed)] if hit else []
 
     # -- export ------------------------------------------------------------------------------
     def to_chrome_trace(
@@ -471,44 +347,8 @@ class TimelineModel(ShowsView):
         self.update()
         return self._decode(rank, it).iteration
 
-    def _decode(self, rank: int, it: int) -> _Decoded:
-        """The (rank, iteration)'s spans, decoded from its batches once per stamp (a new
-        batch of it decodes only itself)."""
-        here = self._index.ranks.get(rank, _EMPTY)
-        stamp, key = here.stamp(it), (rank, it)
-        found = self._decoded.get(key)
-        if found is not None and found.stamp == stamp:
-            self._decoded.move_to_end(key)
-            return found
-        batches = here.batches(it)
-        good: list[Span] = []
-        start = 0
-        if found is not None and found.stamp[0] == stamp[0]:
-            good, start = list(found.good), found.stamp[1]
-        counted = here.checked.get(it, 0)  # malformed batches are counted once, ever
-        for k in range(start, len(batches)):
-            good += self._good_spans(rank, batches[k], count=k >= counted)
-        if batches:
-            here.checked[it] = max(counted, len(batches))
-        found = self._decoded[key] = _Decoded(stamp, good)
-        self._decoded.move_to_end(key)
-        while len(self._decoded) > CACHED_ITERATIONS:
-            self._decoded.popitem(last=False)
-        return found
-
-    def _good_spans(self, rank: int, event: Event, *, count: bool) -> list[Span]:
-        try:
-            batch = msgspec.convert(event.payload, TimelineSpans)
-        except (msgspec.ValidationError, TypeError) as err:
-            if count:
-                self._events.skip(rank, event.kind, err)
-            return []
-        good = [s for s in batch.spans if math.isfinite(s.end) and s.start <= s.end]
-        if count and len(good) < len(batch.spans):
-            for s in batch.spans:
-                if not (math.isfinite(s.end) and s.start <= s.end):
-                    self._events.skip(rank, BAD_SPAN, s)
-        return good
+    def _decode(self, rank: int, it: int) -> Decoded:
+        return self._decoder.get(self._index.ranks.get(rank, _EMPTY), rank, it)
 
     # -- plumbing ----------------------------------------------------------------------------
     def _rank(self, rank: int) -> RankEvents:
@@ -516,18 +356,7 @@ class TimelineModel(ShowsView):
         return self._index.ranks.get(rank, _EMPTY)
 
     def _remember(self, key: tuple[Any, ...], stamp: Any, build: Callable[[], T]) -> T:
-        """``build()``, cached under ``key`` while ``stamp`` stays (the most recently
-        used ``CACHED_ITERATIONS`` keys)."""
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] == stamp:
-            self._memo.move_to_end(key)
-            return cast(T, hit[1])
-        value = build()
-        self._memo[key] = (stamp, value)
-        self._memo.move_to_end(key)
-        while len(self._memo) > CACHED_ITERATIONS:
-            self._memo.popitem(last=False)
-        return value
+        return self._memo.get(key, stamp, build)
 
     def versus(self, other: TimelineModel, labels: tuple[str, str] = ("eager", "compiled")) -> Any:
         """This run and ``other`` (say eager and compiled) in one view, side by side,
@@ -548,12 +377,6 @@ class TimelineModel(ShowsView):
 
 
 # -- pure helpers ----------------------------------------------------------------------------
-def _contains(items: list[int], x: int) -> bool:
-    """``x in items`` for an ascending list, by bisection."""
-    i = bisect_left(items, x)
-    return i < len(items) and items[i] == x
-
-
 def _check(phase: str | None) -> None:
     if phase is not None and phase not in PHASES:
         raise ValueError(f"phase {phase!r} is not one of {PHASES} or None")
@@ -589,21 +412,7 @@ def _order(s: TimelineSpan) -> tuple[float, float]:
     return s.start, s.end
 
 
-def _listed(xs: list[int]) -> str:
-    """``0, 1, 4–9``: ascending numbers, runs of three or more as ranges (a long run's
-    finding may name 10k iterations)."""
-    parts: list[str] = []
-    start = 0
-    for i in range(1, len(xs) + 1):
-        if i == len(xs) or xs[i] != xs[i - 1] + 1:
-            run = xs[start:i]
-            parts += [f"{run[0]}–{run[-1]}"] if len(run) >= 3 else [str(x) for x in run]
-            start = i
-    return ", ".join(parts)
-
-
 _ALL_KINDS = frozenset(KINDS)
-_STRIDES = (1, 2, 5)
 _EMPTY = RankEvents()
 _DECODE: dict[str, type[Any]] = {
     TimelineWatch.KIND: TimelineWatch,

@@ -62,10 +62,16 @@ class Iteration:
     collectives: dict[str, list[PrecisionCollective]] = field(default_factory=dict)
     outputs: list[tuple[str, list[str]]] = field(default_factory=list)  # (unit, dtypes)
     units: dict[str, None] = field(default_factory=dict)  # every unit named, first seen first
+    _key: tuple[Any, ...] | None = None
 
     def key(self) -> tuple[Any, ...]:
         """What the records say, without the iteration number: two iterations with one
-        key have the same findings."""
+        key have the same findings and figures."""
+        if self._key is None:
+            self._key = self._make_key()
+        return self._key
+
+    def _make_key(self) -> tuple[Any, ...]:
         seen = tuple(
             (s.unit, s.phase, *s.dtypes, "|", *s.before, "|", *s.cast)
             for mine in self.seen.values()
@@ -163,6 +169,7 @@ class Batches:
         self._bad: set[int] = set()  # ids of the batches found malformed
         self._cache: OrderedDict[int, tuple[int, tuple[int, ...], Iteration]] = OrderedDict()
         self._iterations: tuple[int, list[int]] | None = None  # (size, sorted)
+        self._found: dict[int, tuple[int, list[Event]]] = {}  # iteration -> (size, batches)
         stream.ranks[rank] = self
 
     @property
@@ -187,14 +194,21 @@ class Batches:
     # -- finding an iteration's batches -------------------------------------------------------
     def batches(self, iteration: int) -> list[Event]:
         """This rank's batches holding records of ``iteration``, in arrival order."""
-        if self._iterations is not None and self._iterations[0] == self.size:
+        size = self.size
+        if self._iterations is not None and self._iterations[0] == size:
             return list(self._at.get(iteration, ()))  # indexed: every iteration was asked for
+        hit = self._found.get(iteration)
+        if hit is not None and hit[0] == size:
+            return hit[1]
         found = self._walk(iteration, back=True)
         if found is None:
             found = self._walk(iteration, back=False)
         if found is None:
             self.stream.split_all()
             found = self._search(iteration)
+        if len(self._found) >= CACHE:
+            self._found.clear()
+        self._found[iteration] = (size, found)
         return found
 
     def _mine(self, back: bool) -> Iterator[Event]:

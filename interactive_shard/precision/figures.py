@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from interactive_shard.precision.analysis import describe_policy
 from interactive_shard.precision.compare import Plan, differing_phases, dtypes_of, short
@@ -28,6 +27,7 @@ __all__ = [
     "DIFF",
     "DTYPE_COLORS",
     "dtype_class",
+    "figure",
     "figure_grid",
     "planned_dtypes",
     "report_figures",
@@ -82,6 +82,9 @@ def _colorscale() -> list[list[Any]]:
     return scale
 
 
+_COLORSCALE = _colorscale()
+
+
 def _cell_text(phase: str, dtype: str, before: Sequence[str], cast: Sequence[bool]) -> str:
     """What a chip reads: its dtype, with what it was before a cast the unit did."""
     changed = [b for b, c in zip(before, cast, strict=False) if c] if phase == "input" else []
@@ -99,7 +102,7 @@ def _heatmap(
     hovers: Mapping[str, Mapping[str, str]],
     name: str,
     font_size: int = 11,
-) -> go.Heatmap:
+) -> dict[str, Any]:
     index = {k: i for i, k in enumerate(_CLASSES)}
     z, text, hover = [], [], []
     for unit, _ in rows:
@@ -107,23 +110,69 @@ def _heatmap(
         z.append([index.get(dtype_class(mine.get(p)) or "", None) for p in PHASES])
         text.append([texts.get(unit.fqn, {}).get(p, "") for p in PHASES])
         hover.append([hovers.get(unit.fqn, {}).get(p, "") for p in PHASES])
-    return go.Heatmap(
-        name=name,
-        x=list(PHASES),
-        y=[label for _, label in rows],
-        z=z,
-        text=text,
-        texttemplate="%{text}",
-        textfont={"size": font_size, "color": "white"},
-        hovertext=hover,
-        hoverinfo="text",
-        colorscale=_colorscale(),
-        zmin=-0.5,
-        zmax=len(_CLASSES) - 0.5,
-        showscale=False,
-        xgap=4,
-        ygap=4,
-    )
+    return {
+        "type": "heatmap",
+        "name": name,
+        "x": list(PHASES),
+        "y": [label for _, label in rows],
+        "z": z,
+        "text": text,
+        "texttemplate": "%{text}",
+        "textfont": {"size": font_size, "color": "white"},
+        "hovertext": hover,
+        "hoverinfo": "text",
+        "colorscale": _COLORSCALE,
+        "zmin": -0.5,
+        "zmax": len(_CLASSES) - 0.5,
+        "showscale": False,
+        "xgap": 4,
+        "ygap": 4,
+    }
+
+
+def figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
+    """A figure from plain dicts, not validated property by property: validating costs
+    ten times the building, and these dicts are the ones the tests validate
+    (``test_precision_view``: every figure through ``go.Figure(fig.to_dict())``). The
+    default template goes in as a dict made once (plotly deep-copies it otherwise)."""
+    return go.Figure({"data": data, "layout": {**_template(), **layout}}, _validate=False)
+
+
+_TEMPLATES: dict[str, dict[str, Any]] = {}
+
+
+def _template() -> dict[str, Any]:
+    import plotly.io as pio
+
+    name = pio.templates.default
+    if not isinstance(name, str):  # None, or a Template object: plotly applies it
+        return {}
+    if name not in _TEMPLATES:
+        _TEMPLATES[name] = {"template": pio.templates[name].to_plotly_json()}
+    return _TEMPLATES[name]
+
+
+def _axes(sides: int) -> dict[str, Any]:
+    """The axes of one grid, or of two side by side sharing their rows (as make_subplots
+    lays them out, with horizontal_spacing 0.03)."""
+    if sides == 1:
+        return {
+            "xaxis": {"anchor": "y", "domain": [0.0, 1.0]},
+            "yaxis": {"anchor": "x", "domain": [0.0, 1.0]},
+        }
+    return {
+        "xaxis": {"anchor": "y", "domain": [0.0, 0.485]},
+        "yaxis": {"anchor": "x", "domain": [0.0, 1.0]},
+        "xaxis2": {"anchor": "y2", "domain": [0.515, 1.0]},
+        "yaxis2": {"anchor": "x2", "domain": [0.0, 1.0], "matches": "y", "showticklabels": False},
+    }
+
+
+def _side(trace: dict[str, Any], col: int) -> dict[str, Any]:
+    """``trace`` on the grid of column ``col`` (1: the left one)."""
+    suffix = str(col) if col > 1 else ""
+    trace.update(xaxis=f"x{suffix}", yaxis=f"y{suffix}")
+    return trace
 
 
 def figure_grid(
@@ -139,7 +188,7 @@ def figure_grid(
     units = model.units(rank)
     it = iteration if iteration is not None else model.latest(rank) or 1
     if not units:
-        return go.Figure(layout={"title": {"text": "No mixed-precision data yet"}, "height": 200})
+        return figure([], {"title": {"text": "No mixed-precision data yet"}, "height": 200})
     rows = [(u, unit_label(u, model.depth(u.fqn, rank=rank))) for u in units]
     label_of = {u.fqn: label for u, label in rows}
     observed = {u.fqn: model.observed(u.fqn, rank=rank, iteration=it) for u in units}
@@ -169,20 +218,15 @@ def figure_grid(
             hovers.setdefault(u.fqn, {})[phase] = "<br>".join(lines)
     failures = [f for f in model.failures if f.rank == rank and f.iteration == it]
     sides = 2 if plan is not None else 1
-    fig = make_subplots(
-        rows=1,
-        cols=sides,
-        shared_yaxes=True,
-        horizontal_spacing=0.03,
-        subplot_titles=("planned", "observed") if plan is not None else None,
-    )
+    layout = _axes(sides)
+    data: list[dict[str, Any]] = []
     col = sides  # the observed grid: the right one
     if plan is not None:
         planned_texts = {f: {p: short(d) for p, d in ds.items()} for f, ds in planned.items()}
         planned_cells = {f: {p: str(d) for p, d in ds.items()} for f, ds in planned.items()}
-        fig.add_trace(_heatmap(rows, planned_cells, planned_texts, hovers, "planned", 10), 1, 1)
+        data.append(_side(_heatmap(rows, planned_cells, planned_texts, hovers, "planned", 10), 1))
     size = 10 if plan is not None else 11
-    fig.add_trace(_heatmap(rows, observed, texts, hovers, "observed", size), 1, col)
+    data.append(_side(_heatmap(rows, observed, texts, hovers, "observed", size), col))
     differ = [
         (u.fqn, p)
         for u in units
@@ -190,86 +234,84 @@ def figure_grid(
         for p in differing_phases(planned[u.fqn], observed[u.fqn])
     ]
     for c in range(1, sides + 1):
-        fig.add_trace(
-            go.Scatter(
-                name="planned ≠ observed",
-                legendgroup="diff",
-                showlegend=c == 1,
-                x=[p for _, p in differ],
-                y=[label_of[f] for f, _ in differ],
-                mode="markers",
-                marker={"symbol": "square-open", "size": 34, "color": DIFF, "line": {"width": 4}},
-                hovertext=[
-                    f"{html.escape(f or 'root')} · {p}: planned {short(planned[f][p])}, "
-                    f"observed {short(observed[f][p])}"
-                    for f, p in differ
-                ],
-                hoverinfo="text",
-                visible=True if differ else "legendonly",
-            ),
-            1,
-            c,
-        )
+        mark = {
+            "type": "scatter",
+            "name": "planned ≠ observed",
+            "legendgroup": "diff",
+            "showlegend": c == 1,
+            "x": [p for _, p in differ],
+            "y": [label_of[f] for f, _ in differ],
+            "mode": "markers",
+            "marker": {"symbol": "square-open", "size": 34, "color": DIFF, "line": {"width": 4}},
+            "hovertext": [
+                f"{html.escape(f or 'root')} · {p}: planned {short(planned[f][p])}, "
+                f"observed {short(observed[f][p])}"
+                for f, p in differ
+            ],
+            "hoverinfo": "text",
+            "visible": True if differ else "legendonly",
+        }
+        data.append(_side(mark, c))
     predicted = list(plan.failures) if plan is not None else []
     x_order = [*PHASES, FAILURE] if failures or predicted else list(PHASES)
     if predicted:  # the planner finds every failure; a real run stops at the first
-        fig.add_trace(_failure_marks("predicted failure", predicted, label_of, "predicted"), 1, 1)
+        marks = _failure_marks("predicted failure", predicted, label_of, "predicted")
+        data.append(_side(marks, 1))
     if failures:
-        fig.add_trace(
-            _failure_marks("failure (✖ at its unit)", failures, label_of, "failed"), 1, col
-        )
+        marks = _failure_marks("failure (✖ at its unit)", failures, label_of, "failed")
+        data.append(_side(marks, col))
     present = {
         dtype_class(d) for ds in (*observed.values(), *planned.values()) for d in ds.values()
     }
     for key in _CLASSES:
         if key in _ALWAYS or key in present:
-            fig.add_trace(
-                go.Scatter(
-                    name=key,
-                    legendgroup="dtype",
-                    legendgrouptitle={"text": "dtype"},
-                    x=[None],
-                    y=[None],
-                    mode="markers",
-                    marker={"symbol": "square", "size": 14, "color": DTYPE_COLORS[key]},
-                    hoverinfo="skip",
-                ),
-                1,
-                col,
-            )
+            legend = {
+                "type": "scatter",
+                "name": key,
+                "legendgroup": "dtype",
+                "legendgrouptitle": {"text": "dtype"},
+                "x": [None],
+                "y": [None],
+                "mode": "markers",
+                "marker": {"symbol": "square", "size": 14, "color": DTYPE_COLORS[key]},
+                "hoverinfo": "skip",
+            }
+            data.append(_side(legend, col))
     for c in range(1, sides + 1):
-        fig.update_xaxes(
+        layout["xaxis" if c == 1 else f"xaxis{c}"].update(
             categoryorder="array",
             categoryarray=x_order,
             tickvals=x_order,
             ticktext=[x.replace("_", "<br>") for x in x_order],
             tickangle=0,
             side="top",
-            row=1,
-            col=c,
         )
-    fig.update_yaxes(
-        categoryorder="array",
-        categoryarray=[label for _, label in rows],
-        autorange="reversed",
-    )
+    for c in range(1, sides + 1):
+        layout["yaxis" if c == 1 else f"yaxis{c}"].update(
+            categoryorder="array",
+            categoryarray=[label for _, label in rows],
+            autorange="reversed",
+        )
     if selected is not None and selected in label_of:
-        fig.add_shape(
-            type="rect",
-            xref="x domain" if sides == 1 else "x2 domain",
-            yref="y",
-            x0=0,
-            x1=1,
-            y0=rows.index(next(r for r in rows if r[0].fqn == selected)) - 0.5,
-            y1=rows.index(next(r for r in rows if r[0].fqn == selected)) + 0.5,
-            line={"color": SELECTED, "width": 2},
-        )
+        row = next(i for i, r in enumerate(rows) if r[0].fqn == selected)
+        layout["shapes"] = [
+            {
+                "type": "rect",
+                "xref": "x domain" if sides == 1 else "x2 domain",
+                "yref": "y",
+                "x0": 0,
+                "x1": 1,
+                "y0": row - 0.5,
+                "y1": row + 0.5,
+                "line": {"color": SELECTED, "width": 2},
+            }
+        ]
     title = (
         f"Dtypes per unit and phase · rank {rank}, iteration {it} · {model.wrapper(rank)}"
         + (f" · <span style='color:{DIFF}'>{len(differ)} difference(s)</span>" if differ else "")
         + (f" · <span style='color:{DIFF}'>failed</span>" if failures else "")
     )
-    fig.update_layout(
+    layout.update(
         title={"text": title, "y": 0.98, "yanchor": "top"},
         height=max(MIN_HEIGHT, TOP_PX + ROW_PX * len(rows)),
         margin={"t": TOP_PX - 20, "l": 10, "r": 10, "b": 20},
@@ -277,10 +319,23 @@ def figure_grid(
         legend={"orientation": "v", "x": 1.02, "y": 1},
         clickmode="event",
     )
-    if plan is not None:  # subplot titles sit above the phases on top
-        for a in fig.layout.annotations:
-            a.update(y=1.0, yanchor="bottom", yshift=34)
-    return fig
+    if plan is not None:  # subplot titles above the phases on top
+        layout["annotations"] = [
+            {
+                "font": {"size": 16},
+                "showarrow": False,
+                "text": text,
+                "x": x,
+                "xanchor": "center",
+                "xref": "paper",
+                "y": 1.0,
+                "yanchor": "bottom",
+                "yref": "paper",
+                "yshift": 34,
+            }
+            for text, x in (("planned", 0.2425), ("observed", 0.7575))
+        ]
+    return figure(data, layout)
 
 
 def report_figures(model: PrecisionModel) -> list[go.Figure]:
@@ -312,23 +367,26 @@ def report_figures(model: PrecisionModel) -> list[go.Figure]:
     return figures
 
 
-def _failure_marks(name: str, failures: list[Any], label_of: dict[str, str], verb: str) -> Any:
+def _failure_marks(
+    name: str, failures: list[Any], label_of: dict[str, str], verb: str
+) -> dict[str, Any]:
     """A ✖ per failure in the failure column, at its unit's row ("predicted" open)."""
-    return go.Scatter(
-        name=name,
-        x=[FAILURE] * len(failures),
-        y=[label_of.get(f.unit, f.unit) for f in failures],
-        mode="markers+text",
-        text=[f"in {f.consumer}" for f in failures],
-        textposition="middle right",
-        marker={
+    return {
+        "type": "scatter",
+        "name": name,
+        "x": [FAILURE] * len(failures),
+        "y": [label_of.get(f.unit, f.unit) for f in failures],
+        "mode": "markers+text",
+        "text": [f"in {f.consumer}" for f in failures],
+        "textposition": "middle right",
+        "marker": {
             "symbol": "x-open" if verb == "predicted" else "x",
             "size": 16 if verb == "predicted" else 18,
             "color": DIFF,
         },
-        hovertext=[
+        "hovertext": [
             f"<b>{verb}</b> in <code>{html.escape(f.consumer)}</code>:<br>{html.escape(f.message)}"
             for f in failures
         ],
-        hoverinfo="text",
-    )
+        "hoverinfo": "text",
+    }

@@ -16,11 +16,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from interactive_shard.precision.analysis import CATEGORIES, category_label
 from interactive_shard.precision.compare import Plan, short
-from interactive_shard.precision.figures import DIFF, DTYPE_COLORS, dtype_class, unit_label
+from interactive_shard.precision.figures import (
+    DIFF,
+    DTYPE_COLORS,
+    dtype_class,
+    figure,
+    unit_label,
+)
 from interactive_shard.precision.model import PrecisionModel
 
 __all__ = ["figure_bytes", "figure_collectives", "figure_findings", "fix_text", "fmt_bytes"]
@@ -52,68 +57,82 @@ def figure_bytes(
     held = model.bytes_held(rank=rank, iteration=iteration)
     it = iteration if iteration is not None else model.latest(rank) or 1
     if not held:
-        return go.Figure(layout={"title": {"text": "No parameters reported yet"}, "height": 200})
+        return figure([], {"title": {"text": "No parameters reported yet"}, "height": 200})
     wrapper = model.wrapper(rank)
     labels = _labels(model, rank)
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        column_widths=[0.8, 0.2],
-        horizontal_spacing=0.08,
-        subplot_titles=("per unit", "all units"),
-    )
     total = model.total_bytes(rank=rank, iteration=iteration)
     keys = list(dict.fromkeys((h.category, h.dtype) for h in held))
     keys.sort(key=lambda k: CATEGORIES.index(k[0]))
+    data: list[dict[str, Any]] = []
     for category, dtype in keys:
         mine = [h for h in held if (h.category, h.dtype) == (category, dtype)]
         name = f"{category_label(category, wrapper)} · {short(dtype)}"
         marker = {"color": _color(dtype), "pattern": {"shape": PATTERNS[category]}}
-        fig.add_trace(
-            go.Bar(
-                name=name,
-                legendgroup=name,
-                x=[labels.get(h.unit, h.unit) for h in mine],
-                y=[h.nbytes for h in mine],
-                marker=marker,
-                hovertext=[
+        data.append(
+            {
+                "type": "bar",
+                "name": name,
+                "legendgroup": name,
+                "x": [labels.get(h.unit, h.unit) for h in mine],
+                "y": [h.nbytes for h in mine],
+                "marker": marker,
+                "hovertext": [
                     f"{html.escape(h.unit or 'root')}: {name}<br>{fmt_bytes(h.nbytes)}"
                     for h in mine
                 ],
-                hoverinfo="text",
-            ),
-            1,
-            1,
+                "hoverinfo": "text",
+                "xaxis": "x",
+                "yaxis": "y",
+            }
         )
         n = total[(category, dtype)]
-        fig.add_trace(
-            go.Bar(
-                name=name,
-                legendgroup=name,
-                showlegend=False,
-                x=["total"],
-                y=[n],
-                marker=marker,
-                hovertext=[f"all units: {name}<br>{fmt_bytes(n)}"],
-                hoverinfo="text",
-            ),
-            1,
-            2,
+        data.append(
+            {
+                "type": "bar",
+                "name": name,
+                "legendgroup": name,
+                "showlegend": False,
+                "x": ["total"],
+                "y": [n],
+                "marker": marker,
+                "hovertext": [f"all units: {name}<br>{fmt_bytes(n)}"],
+                "hoverinfo": "text",
+                "xaxis": "x2",
+                "yaxis": "y2",
+            }
         )
     grand = sum(total.values())
     shard = "replicated (DDP)" if wrapper == "ddp" else f"sharded over {model.world_size} ranks"
-    fig.update_layout(
-        barmode="stack",
-        title={
+    layout = {
+        # make_subplots(1, 2, column_widths=[0.8, 0.2], horizontal_spacing=0.08)'s axes
+        "xaxis": {"anchor": "y", "domain": [0.0, 0.736]},
+        "yaxis": {"anchor": "x", "domain": [0.0, 1.0], "title": {"text": "bytes"}},
+        "xaxis2": {"anchor": "y2", "domain": [0.816, 1.0]},
+        "yaxis2": {"anchor": "x2", "domain": [0.0, 1.0]},
+        "annotations": [
+            {
+                "font": {"size": 16},
+                "showarrow": False,
+                "text": text,
+                "x": x,
+                "xanchor": "center",
+                "xref": "paper",
+                "y": 1.0,
+                "yanchor": "bottom",
+                "yref": "paper",
+            }
+            for text, x in (("per unit", 0.368), ("all units", 0.908))
+        ],
+        "barmode": "stack",
+        "title": {
             "text": f"Bytes held per dtype · rank {rank}, iteration {it} · {fmt_bytes(grand)} in "
             f"all · parameters {shard}"
         },
-        yaxis={"title": {"text": "bytes"}},
-        height=420,
-        legend={"orientation": "h", "y": -0.25},
-        margin={"t": 80, "b": 40},
-    )
-    return fig
+        "height": 420,
+        "legend": {"orientation": "h", "y": -0.25},
+        "margin": {"t": 80, "b": 40},
+    }
+    return figure(data, layout)
 
 
 def figure_collectives(
@@ -123,50 +142,51 @@ def figure_collectives(
     it = iteration if iteration is not None else model.latest(rank) or 1
     found = model.collectives(rank=rank, iteration=it)
     if not found:
-        return go.Figure(layout={"title": {"text": "No collectives reported yet"}, "height": 200})
+        return figure([], {"title": {"text": "No collectives reported yet"}, "height": 200})
     labels = _labels(model, rank)
-    order = list(labels)
-    found = sorted(found, key=lambda c: order.index(c.unit) if c.unit in order else len(order))
+    order = {fqn: i for i, fqn in enumerate(labels)}
+    found = sorted(found, key=lambda c: order.get(c.unit, len(order)))
 
     def op_of(c: Any) -> str:
         if c.op != "all_gather":
             return OPS[c.op]
         return f"AG {'bwd' if c.backward else 'fwd'}"
 
-    fig = go.Figure()
+    data: list[dict[str, Any]] = []
     for dtype in dict.fromkeys(c.dtype for c in found):
-        mine = [c for c in found if c.dtype == dtype]
         sums: dict[tuple[str, str], int] = {}
-        for c in mine:
-            key = (labels.get(c.unit, c.unit), op_of(c))
-            sums[key] = sums.get(key, 0) + c.nbytes
-        fig.add_trace(
-            go.Bar(
-                name=short(dtype),
-                x=[[u for u, _ in sums], [o for _, o in sums]],
-                y=list(sums.values()),
-                marker={"color": _color(dtype)},
-                text=[short(dtype)] * len(sums),
-                textposition="inside",
-                hovertext=[
+        for c in found:
+            if c.dtype == dtype:
+                key = (labels.get(c.unit, c.unit), op_of(c))
+                sums[key] = sums.get(key, 0) + c.nbytes
+        data.append(
+            {
+                "type": "bar",
+                "name": short(dtype),
+                "x": [[u for u, _ in sums], [o for _, o in sums]],
+                "y": list(sums.values()),
+                "marker": {"color": _color(dtype)},
+                "text": [short(dtype)] * len(sums),
+                "textposition": "inside",
+                "hovertext": [
                     f"{html.escape(u)}<br>{o}: {fmt_bytes(n)}" for (u, o), n in sums.items()
                 ],
-                hoverinfo="text",
-            )
+                "hoverinfo": "text",
+            }
         )
-    fig.update_layout(
-        barmode="stack",
-        title={
+    layout = {
+        "barmode": "stack",
+        "title": {
             "text": f"Collectives per unit (bytes this rank sent) · rank {rank}, iteration {it}"
             "<br><sup>AG: all-gather (forward, backward) · RS: reduce-scatter · AR: all-reduce "
             "(a reduction's dtype is the unit's reduce phase)</sup>"
         },
-        yaxis={"title": {"text": "bytes"}},
-        height=420,
-        margin={"t": 80, "b": 60},
-        xaxis={"tickangle": 0},
-    )
-    return fig
+        "yaxis": {"title": {"text": "bytes"}},
+        "height": 420,
+        "margin": {"t": 80, "b": 60},
+        "xaxis": {"tickangle": 0},
+    }
+    return figure(data, layout)
 
 
 def fix_text(fix: object) -> str:
@@ -189,30 +209,29 @@ def figure_findings(model: PrecisionModel, *, plan: Plan | None = None) -> go.Fi
         fix = " ".join(x for x in (note, fix_text(getattr(p, "fix", None))) if x)
         rows.append(("planned", "predicted failure", p.unit or "root", "plan", p.message, fix))
     if not rows:
-        return go.Figure(layout={"title": {"text": "No findings"}, "height": 160})
+        return figure([], {"title": {"text": "No findings"}, "height": 160})
     columns = list(zip(*rows, strict=True))
     colors = [LEVEL_COLORS.get(level, "#999999") for level in columns[0]]
-    fig = go.Figure(
-        go.Table(
-            columnwidth=[70, 110, 60, 80, 330, 380],
-            header={
-                "values": ["level", "kind", "unit", "ranks / iterations", "what", "fix"],
-                "align": "left",
-                "fill": {"color": "#eeeeee"},
-            },
-            cells={
-                "values": [list(c) for c in columns],
-                "align": "left",
-                "font": {"color": [colors, ["#222222"] * len(rows)]},
-                "height": 28,
-            },
-        )
-    )
+    table = {
+        "type": "table",
+        "columnwidth": [70, 110, 60, 80, 330, 380],
+        "header": {
+            "values": ["level", "kind", "unit", "ranks / iterations", "what", "fix"],
+            "align": "left",
+            "fill": {"color": "#eeeeee"},
+        },
+        "cells": {
+            "values": [list(c) for c in columns],
+            "align": "left",
+            "font": {"color": [colors, ["#222222"] * len(rows)]},
+            "height": 28,
+        },
+    }
     # Rows grow with their text (about 40 characters a line in the widest columns).
     lines = sum(1 + max(len(r[4]), len(r[5])) // 40 for r in rows)
-    fig.update_layout(
-        title={"text": f"Findings and failures · {len(rows)}"},
-        height=min(2400, 120 + 17 * lines + 14 * len(rows)),
-        margin={"t": 50, "b": 10},
-    )
-    return fig
+    layout = {
+        "title": {"text": f"Findings and failures · {len(rows)}"},
+        "height": min(2400, 120 + 17 * lines + 14 * len(rows)),
+        "margin": {"t": 50, "b": 10},
+    }
+    return figure([table], layout)

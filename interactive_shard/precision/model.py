@@ -95,6 +95,7 @@ class PrecisionModel(ShowsView):
         self.plan: Plan | None = None
         # Watches and failures (few) are decoded as they arrive, batches when read.
         self._events = Cursor(store, _DECODE)
+        self._version = -1  # the store's version at the last update
         self._stream = Stream(lambda rank: self._here(rank).batches)
         self._ranks: dict[int, _Rank] = {}
         self._findings = Findings()
@@ -102,6 +103,9 @@ class PrecisionModel(ShowsView):
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
         """Consume new events; True when precision data changed."""
+        if self.store.version == self._version:  # every accessor asks: one length first
+            return False
+        self._version = self.store.version
         start = self._events.position
         rare, end = self.store.since(start, _RARE)
         new = self._events.take_events()
@@ -273,6 +277,16 @@ class PrecisionModel(ShowsView):
         if fqn is not None:
             return list(found.get(fqn, []))
         return [c for mine in found.values() for c in mine]
+
+    def content(self, rank: int, iteration: int) -> Hashable:
+        """What ``rank`` reported for ``iteration``, without the iteration's number: equal
+        for two iterations whose records, failures and units say the same."""
+        here = self._rank(rank)
+        failed = tuple(
+            (f.unit, f.consumer, f.message) for f in here.failures if f.iteration == iteration
+        )
+        found = self._read(rank, iteration).key()
+        return (found, failed, id(here.watch), tuple(here.unknown), self.world_size)
 
     @property
     def failures(self) -> list[ObservedFailure]:

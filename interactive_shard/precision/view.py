@@ -355,32 +355,37 @@ class PrecisionView(Panels, live.LazyWidget):
             return
         self.model.update()
         self._sync_controls()
-        data = (self.model.revision, self.rank, self.iteration, id(self.plan))
-        if self._changed("data", data):
-            self.status_html.value = self._status()
-            self.differences_html.value = _differences_html(self.differences(), self.plan)
-            self.findings_html.value = self.findings_text()
-            swap_figure(
-                self.bytes_figure,
-                figure_bytes(self.model, rank=self.rank, iteration=self.iteration),
-            )
-            swap_figure(
-                self.collectives_figure,
-                figure_collectives(self.model, rank=self.rank, iteration=self.iteration),
-            )
-        if self._changed("unit", (*data, self.unit)):
-            fig = figure_grid(
-                self.model,
-                rank=self.rank,
-                iteration=self.iteration,
-                plan=self.plan,
-                selected=self.unit,
-            )
-            swap_figure(self.grid_figure, fig)
+        rank, it, plan = self.rank, self.iteration, self.plan
+        data = (self.model.revision, rank, it, id(plan))
+        if not self._changed("data", data) and not self._changed("unit", (*data, self.unit)):
+            return
+        self._drawn["unit"] = (*data, self.unit)
+        # What the figures show but for the iteration's number: iterations of a long run
+        # mostly repeat one another, and then a figure only gets its new title.
+        shown = (rank, self.model.content(rank, it))
+        self.status_html.value = self._status()
+        self.differences_html.value = _differences_html(self.differences(), plan)
+        self.findings_html.value = self.findings_text()
+        self._draw(self.bytes_figure, shown, figure_bytes(self.model, rank=rank, iteration=it))
+        fig = figure_collectives(self.model, rank=rank, iteration=it)
+        self._draw(self.collectives_figure, shown, fig)
+        fig = figure_grid(self.model, rank=rank, iteration=it, plan=plan, selected=self.unit)
+        if self._draw(self.grid_figure, (*shown, id(plan), self.unit), fig):
             for trace in self.grid_figure.data:  # new traces: the click goes to each again
                 if trace.type == "heatmap":
                     trace.on_click(self._on_grid_click)
-            self.unit_html.value = self.unit_text()
+        self.unit_html.value = self.unit_text()
+
+    def _draw(self, target: go.FigureWidget, key: tuple[Any, ...], fig: go.Figure) -> bool:
+        """Swap ``fig`` into ``target`` unless it shows what ``key`` says ``target`` shows
+        already; then only its title changes. True when swapped."""
+        if self._changed(f"figure {id(target)}", key):
+            swap_figure(target, fig)
+            return True
+        title = fig.layout.title.text
+        if target.layout.title.text != title:
+            target.layout.title.text = title
+        return False
 
     def _sync_controls(self) -> None:
         """New ranks, iterations and units appear while the run goes on."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
+import msgspec
 import plotly.graph_objects as go
 import pytest
 from plotly.callbacks import Points
@@ -33,7 +34,7 @@ from interactive_shard.precision.figures_bytes import (
 from interactive_shard.precision.model import PrecisionModel
 from interactive_shard.precision.view import PrecisionView
 from interactive_shard.telemetry.schema import Event
-from interactive_shard.testing import FakePrecision, fsdp2_policy, mp_net
+from interactive_shard.testing import FakePrecision, fsdp2_policy, mp_net, precision_batch
 from interactive_shard.ui import live
 
 F32, BF16, F16 = "torch.float32", "torch.bfloat16", "torch.float16"
@@ -107,6 +108,25 @@ def row(heatmap: dict[str, Any], label: str, field: str = "text") -> dict[str, A
 
 
 # -- the grid ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("policies", [FAILING, FIXED])
+def test_every_figure_is_valid_plotly(policies: dict[str, Any]) -> None:
+    """The figures are built from dicts without plotly's validation (ten times faster):
+    validating them here catches a misspelt property."""
+    m = model_of(policies)
+    predicted = _Plan(plan_of(m, 1).units, [_Failure("", "3")])
+    figs = [
+        figure_grid(m, iteration=1),
+        figure_grid(m, iteration=1, plan=predicted, selected="1"),
+        figure_bytes(m, iteration=1),
+        figure_collectives(m, iteration=1),
+        figure_findings(m, plan=predicted),
+        figure_grid(PrecisionModel(make_store())),
+    ]
+    for fig in figs:
+        checked = go.Figure(fig.to_dict())  # raises on an unknown property or a bad value
+        assert checked.to_dict()["data"] == fig.to_dict()["data"]
+
+
 def test_grid_cells_show_the_dtypes_seen_and_the_casts() -> None:
     m = model_of(FIXED)
     fig = figure_grid(m, iteration=2)
@@ -362,7 +382,14 @@ def test_refresh_follows_a_live_run_and_skips_needless_redraws(
     assert swaps == []  # the revision did not change
     model.store.extend(events[half:])
     view.refresh()
-    assert view.iteration == 2 and len(swaps) == 3  # bytes, collectives, grid
+    assert view.iteration == 2 and swaps == []  # iteration 2 says what 1 said: retitled only
+    for fig in (view.grid_figure, view.bytes_figure, view.collectives_figure):
+        assert "rank 0, iteration 2" in fig.layout.title.text
+    other = [msgspec.structs.replace(r, iteration=3) for r in model.seen("1", iteration=2)]
+    other = [msgspec.structs.replace(r, dtypes=[F32]) if r.phase == "grad" else r for r in other]
+    model.store.append(precision_batch(other, step=3, t=2000.0))
+    view.refresh()
+    assert view.iteration == 3 and len(swaps) == 3  # bytes, collectives, grid: redrawn
     swaps.clear()
     view.unit_selector.value = "1"
     assert swaps == [view.grid_figure]  # only the grid outlines another row

@@ -13,6 +13,7 @@ is redrawn only when what it shows changed (the model's ``revision``, or a contr
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
@@ -21,11 +22,15 @@ import plotly.graph_objects as go
 from interactive_shard.lifecycle.figures import (
     MAX_COLUMNS,
     STATE_COLORS,
+    Bars,
+    Strip,
+    bytes_bars,
     figure_bytes,
     figure_hooks,
     figure_lifecycle,
     fmt_bytes,
     instance_label,
+    lifecycle_strip,
     pick,
     report_figures,
 )
@@ -238,17 +243,31 @@ class LifecycleView(Panels, live.LazyWidget):
         self.details.layout.display = "none" if inst is None else ""
         if inst is None:
             return
-        new = self._changed("instance", (revision, self.rank, inst.serial))
-        if new:
-            self.settings_html.value = self.settings_text()
+        # Settings and hooks change only with a watch; findings, strip and bytes with
+        # every update (redrawn in place: the figures' traces keep their shape).
+        watched = (self.rank, inst.serial, len(inst.watches))
+        if self._changed("instance", (revision, self.rank, inst.serial)):
             self.findings_html.value = self.findings_text()
+        if self._changed("settings", watched):
+            self.settings_html.value = self.settings_text()
         if self._changed("strip", (revision, self.rank, inst.serial, self.chosen_window)):
-            fig = figure_lifecycle(self.model, inst.serial, self.rank, window=self.chosen_window)
-            swap_figure(self.lifecycle_figure, fig)
-        if new:
-            swap_figure(self.hooks_figure, figure_hooks(self.model, inst.serial, self.rank))
+            window, serial = self.chosen_window, inst.serial
+            strip = lifecycle_strip(self.model, serial, self.rank, window=window)
+            _redraw(
+                self.lifecycle_figure,
+                lambda: figure_lifecycle(self.model, serial, self.rank, window=window),
+                lambda target: _strip_in_place(target, strip),
+            )
+        if self._changed("hooks", watched):
+            fig = figure_hooks(self.model, inst.serial, self.rank)
+            _redraw(self.hooks_figure, lambda: fig)
         if self._changed("bytes", (revision, self.rank)):
-            swap_figure(self.bytes_figure, figure_bytes(self.model, self.rank))
+            bars = bytes_bars(self.model, self.rank)
+            _redraw(
+                self.bytes_figure,
+                lambda: figure_bytes(self.model, self.rank),
+                lambda target: _bars_in_place(target, bars),
+            )
 
     def _sync_controls(self) -> None:
         """New ranks, instances and iterations appear while the run goes on."""
@@ -273,6 +292,36 @@ class LifecycleView(Panels, live.LazyWidget):
                 slider.value = self.chosen_window or (low, high)
             finally:
                 self._quiet = False
+
+
+def _redraw(
+    target: go.FigureWidget,
+    build: Callable[[], go.Figure],
+    in_place: Callable[[go.FigureWidget], bool] | None = None,
+) -> None:
+    """Redraw one panel: new data into the traces it has (``in_place`` says whether they
+    fit), else ``build()``'s figure swapped in."""
+    if in_place is None or not in_place(target):
+        swap_figure(target, build())
+
+
+def _strip_in_place(target: go.FigureWidget, strip: Strip | str) -> bool:
+    if not isinstance(strip, Strip) or [t.type for t in target.data] != ["heatmap"]:
+        return False
+    with target.batch_update():
+        target.data[0].update(strip.traced())
+        target.layout.title.text = strip.title
+    return True
+
+
+def _bars_in_place(target: go.FigureWidget, bars: Bars | None) -> bool:
+    if bars is None or [t.name for t in target.data] != list(bars.sent):
+        return False
+    with target.batch_update():
+        for trace, (purpose, y) in zip(target.data, bars.sent.items(), strict=True):
+            trace.update(x=bars.x, y=y, hovertext=bars.hover(purpose))
+        target.layout.title.text = bars.title
+    return True
 
 
 def _value(v: Any) -> str:

@@ -188,3 +188,24 @@ def test_the_view_window_selector_zooms_and_follows() -> None:
     given.widget  # noqa: B018
     assert tuple(given.window_selector.value) == (10, 20)
     assert "(10..20 of 1000)" in given.lifecycle_figure.layout.title.text
+
+
+def test_the_view_redraws_strip_and_bytes_in_place() -> None:
+    events = FakeLifecycle(iterations=200).events()
+    store = make_store(events[:20])
+    view = LifecycleView(LifecycleModel(store))
+    view.widget  # noqa: B018
+    (heat,) = view.lifecycle_figure.data
+    bars = list(view.bytes_figure.data)
+    assert heat.texttemplate == "%{text}" and "9 iteration(s)" in heat_title(view)
+    store.extend(events[20:])
+    view.refresh()
+    assert view.lifecycle_figure.data[0] is heat and list(view.bytes_figure.data) == bars
+    assert "200 iteration(s)" in heat_title(view) and "per column" in heat_title(view)
+    assert heat.text is None and heat.texttemplate is None  # 100 columns: hover only
+    sent = view.model.bytes_by_purpose(0)["gradients"]
+    assert list(bars[0].y) == [sent] and sent == 200 * 4 * 4096
+
+
+def heat_title(view: LifecycleView) -> str:
+    return str(view.lifecycle_figure.layout.title.text)

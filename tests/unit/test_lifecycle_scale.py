@@ -209,3 +209,30 @@ def test_the_view_redraws_strip_and_bytes_in_place() -> None:
 
 def heat_title(view: LifecycleView) -> str:
     return str(view.lifecycle_figure.layout.title.text)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"iteration": 2**60, "ddp": 1, "forwards": 1, "dropped": 0, "backward": True},
+        {"iteration": 1, "ddp": 1, "forwards": 1, "dropped": 0, "backward": True, "ready": [1]},
+        {"iteration": 1, "ddp": 1, "forwards": -1, "dropped": 0, "backward": True},
+        {
+            "iteration": 1,
+            "ddp": 1,
+            "forwards": 1,
+            "dropped": 0,
+            "backward": True,
+            "collectives": [{"nbytes": 1, "caller": "nobody"}],
+        },
+        "not a dict",
+    ],
+)
+def test_a_bad_part_among_good_ones_in_a_bulk_update_is_skipped(payload: Any) -> None:
+    events = FakeLifecycle(iterations=4).rank_events(0)
+    store = make_store(events[:1])  # the watch
+    m = LifecycleModel(store)
+    m.update()
+    store.extend([*events[1:3], Event("lifecycle_iteration", 0, 1, 2000.0, payload), *events[3:]])
+    assert m.update() and m.skipped == 1
+    assert [it.index for it in m.instances[0].iterations] == [1, 2, 3, 4]

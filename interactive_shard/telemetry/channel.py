@@ -158,15 +158,17 @@ class Collector:
         finally:
             self._release()
 
-    def _drain(self) -> None:
+    def _drain(self) -> bool:
+        """Read up to ``_DRAIN`` queued messages; True when more may be waiting."""
         for _ in range(_DRAIN):
             if self._stop.is_set():
-                return
+                return False
             try:
                 frame = self._sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return False
             self._receive(frame.buffer, frame)
+        return True
 
     def _receive(self, buf: Any, frame: zmq.Frame | None = None) -> None:
         """Handle one message; every failure is counted, none escapes."""
@@ -217,8 +219,10 @@ class Collector:
             if event["event"] != zmq.EVENT_DISCONNECTED:
                 continue
             fd = event["value"]
-            if fd not in self._said_bye:
-                self._drain()  # its BYE may still be queued behind the event
+            # Its BYE may still be queued behind the event, behind other peers' messages
+            # (64 peers may hold RECV_QUEUE_MESSAGES each): read until it or the end.
+            while fd not in self._said_bye and self._drain():
+                pass
             if fd in self._said_bye:
                 self._said_bye.discard(fd)
             else:

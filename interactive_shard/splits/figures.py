@@ -24,6 +24,7 @@ from interactive_shard.splits.figures_lanes import (
     DIFF,
     MAX_HEIGHT,
     UNITS,
+    figure,
     figure_lanes,
     figure_nothing,
     fmt_bytes,
@@ -69,7 +70,7 @@ def plan_for(
         return plan
     if plan.nothing:
         raise LookupError(f"the plan says nothing is compiled: {plan.nothing}")
-    position = index % max(len(model.compilations(rank)), 1)
+    position = index % max(model.count(rank), 1)
     if position >= len(plan.graphs):
         raise LookupError(f"the plan has {len(plan.graphs)} graph(s): none for compile {position}")
     return plan.graphs[position]
@@ -207,7 +208,7 @@ def compare_figure(
         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
         hoverlabel={"align": "left"},
     )
-    return go.Figure(data=traces, layout=layout)
+    return figure(traces, layout)
 
 
 def _bars(
@@ -333,7 +334,7 @@ def figure_cap_sweep(
         },
         shapes=shapes,
     )
-    return go.Figure(data=traces, layout=layout)
+    return figure(traces, layout)
 
 
 def _vline(x: float, color: str, dash: str) -> dict[str, Any]:
@@ -367,7 +368,7 @@ def figure_versus_runtime(model: SplitsModel, rank: int = 0) -> go.Figure:
         height=120 + 40 * len(lines),
         margin={"l": 20, "r": 20, "t": 50, "b": 10},
     )
-    return go.Figure(data=[table], layout=layout)
+    return figure([table], layout)
 
 
 MAX_REPORT_COMPILES = 2  # the first and the latest
@@ -381,13 +382,11 @@ def report_figures(model: SplitsModel) -> list[go.Figure]:
     if not ranks:
         return []
     rank = 0 if 0 in ranks else ranks[0]
-    found = model.compilations(rank)
-    figures = [
-        figure_nothing(model, r) for r in ranks if model.nothing(r) and not model.compilations(r)
-    ]
+    found = model.count(rank)
+    figures = [figure_nothing(model, r) for r in ranks if model.nothing(r) and not model.count(r)]
     if not found:
         return figures
-    for i in dict.fromkeys([0, len(found) - 1][:MAX_REPORT_COMPILES]):
+    for i in dict.fromkeys([0, found - 1][:MAX_REPORT_COMPILES]):
         figures.append(figure_lanes(model, rank, i))
         figures.append(figure_compare(model, rank, i))
     figures.append(figure_cap_sweep(model, rank))

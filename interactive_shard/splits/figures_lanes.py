@@ -149,10 +149,8 @@ def bands(partitions: Sequence[Partition]) -> list[Band]:
 
 # -- figure: lanes ----------------------------------------------------------------------------
 def pick(model: SplitsModel, rank: int, index: int) -> SplitCompile | None:
-    found = model.compilations(rank)
-    if not found or not -len(found) <= index < len(found):
-        return None
-    return found[index]
+    """Compile ``index`` (its position; negative: from the newest) of ``rank``, or None."""
+    return model.compilation(rank, index)
 
 
 def hover_partition(p: Partition) -> str:
@@ -266,7 +264,7 @@ def lanes_figure(comp: SplitCompile, *, rank: int = 0, selected: int | None = No
         hoverlabel={"align": "left"},
         plot_bgcolor="white",
     )
-    return go.Figure(data=traces, layout=layout)
+    return figure(traces, layout)
 
 
 def _lane_ticks(parts: Sequence[Partition]) -> dict[str, Any]:
@@ -277,6 +275,27 @@ def _lane_ticks(parts: Sequence[Partition]) -> dict[str, Any]:
     every = math.ceil(len(parts) / MAX_NAMED_LANES)
     shown = list(range(0, len(parts), every))
     return {"tickmode": "array", "tickvals": shown, "ticktext": [str(i) for i in shown]}
+
+
+def figure(data: Sequence[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
+    """A figure from plain dicts, not validated property by property: validating costs
+    ten times the building (``test_splits_view`` validates every figure). The default
+    template goes in as a dict made once (plotly deep-copies it otherwise)."""
+    return go.Figure({"data": list(data), "layout": {**_template(), **layout}}, _validate=False)
+
+
+_TEMPLATES: dict[str, dict[str, Any]] = {}
+
+
+def _template() -> dict[str, Any]:
+    import plotly.io as pio
+
+    name = pio.templates.default
+    if not isinstance(name, str):  # None, or a Template object: plotly applies it
+        return {}
+    if name not in _TEMPLATES:
+        _TEMPLATES[name] = {"template": pio.templates[name].to_plotly_json()}
+    return _TEMPLATES[name]
 
 
 def title_at_top(text: str) -> dict[str, Any]:
@@ -419,4 +438,4 @@ def figure_nothing(model: SplitsModel, rank: int = 0) -> go.Figure:
             }
         ],
     )
-    return go.Figure(layout=layout)
+    return figure([], layout)

@@ -74,6 +74,7 @@ class SplitsView(Panels, live.LazyWidget):
         self._widget: widgets.VBox | None = None
         self._drawn: dict[str, Any] = {}
         self._quiet = False  # set while the view itself moves a control
+        self._options: tuple[tuple[Any, ...], list[tuple[str, int]]] | None = None
 
     # -- state (no widgets) ----------------------------------------------------------------
     @property
@@ -86,7 +87,7 @@ class SplitsView(Panels, live.LazyWidget):
     @property
     def index(self) -> int | None:
         """The position of the compile shown among the rank's compiles (None: none yet)."""
-        n = len(self.model.compilations(self.rank))
+        n = self.model.count(self.rank)
         if n == 0:
             return None
         return n - 1 if self.chosen_index == LATEST else min(self.chosen_index, n - 1)
@@ -94,7 +95,7 @@ class SplitsView(Panels, live.LazyWidget):
     @property
     def compilation(self) -> Compilation | None:
         index = self.index
-        return None if index is None else self.model.compilations(self.rank)[index]
+        return None if index is None else self.model.compilation(self.rank, index)
 
     @property
     def selected(self) -> Partition | None:
@@ -199,10 +200,15 @@ class SplitsView(Panels, live.LazyWidget):
         ranks = self.model.ranks
         if not ranks:
             return "<i>Waiting for <code>ish.watch(torch.compile(ddp))</code> on the ranks…</i>"
-        found = self.model.compilations(self.rank)
+        found = self.model.count(self.rank)
         nothing = self.model.nothing(self.rank)
-        parts = [f"<b>rank {self.rank}</b>: {len(found)} compile(s)"]
+        parts = [f"<b>rank {self.rank}</b>: {found} compile(s)"]
         comp = self.compilation
+        if comp is None and self.index is not None:
+            parts.append(
+                f"<span style='color:{DIFF}'>compile at position {self.index} could not be "
+                "read (malformed)</span>"
+            )
         if comp is not None:
             parts.append(
                 f"compile {comp.index}: {len(comp.partitions)} partition(s), backend "
@@ -283,11 +289,16 @@ class SplitsView(Panels, live.LazyWidget):
         return [(str(r), r) for r in sorted({*self.model.ranks, self.rank})]
 
     def _compile_options(self) -> list[tuple[str, int]]:
+        key = (self.rank, self.model.count(self.rank), self.chosen_index)
+        if self._options is not None and self._options[0] == key:
+            return self._options[1]
         options = [("latest", LATEST)]
-        for i, c in enumerate(self.model.compilations(self.rank)):
-            options.append((f"{c.index} · {len(c.partitions)} partition(s) · {c.backend}", i))
+        for i, h in enumerate(self.model.headers(self.rank)):  # labels without decoding
+            label = f"{h[0]} · {h[1]} partition(s) · {h[2]}" if h else f"{i} · (unreadable)"
+            options.append((label, i))
         if self.chosen_index != LATEST and self.chosen_index >= len(options) - 1:
             options.append((f"{self.chosen_index} (not yet)", self.chosen_index))
+        self._options = (key, options)
         return options
 
     def _partition_options(self) -> list[tuple[str, int]]:
@@ -365,40 +376,56 @@ class SplitsView(Panels, live.LazyWidget):
         self._sync_controls()
         comp = self.compilation
         data = (self.model.revision, self.rank, self.index)
+        # What the compile shown says but for its index: a recompile storm repeats one
+        # compile, and then a figure only gets its new title.
+        shown = (self.rank, self.model.content(self.rank, self._position()))
         if self._changed("data", data):
             self.status_html.value = self._status()
             self._place_sliders()
         self.details.layout.display = "" if comp is not None else "none"
         selected = self._selected_index()
         if self._changed("lanes", (*data, selected)):
-            self._swap_lanes(
-                figure_lanes(self.model, self.rank, self._position(), selected=selected)
-            )
+            fig = figure_lanes(self.model, self.rank, self._position(), selected=selected)
+            if self._draw(self.lanes_figure, (*shown, selected), fig):
+                for trace in self.lanes_figure.data:  # new traces: the click goes to each again
+                    if trace.customdata is not None:
+                        trace.on_click(self._on_lane_click)
             self.partition_html.value = self.partition_text()
             p = self.selected
             code = p.code if p is not None and p.code else "(no generated code captured)"
             self.code_html.value = PRE.format(html.escape(code))
         if comp is None:
             return
+        compare = None
         if self._changed("compare", (*data, id(self.user_plan))):
-            fig = figure_compare(self.model, self.rank, self._position(), plan=self.user_plan)
-            swap_figure(self.compare_figure, fig)
+            compare = figure_compare(self.model, self.rank, self._position(), plan=self.user_plan)
+            self._draw(self.compare_figure, (*shown, id(self.user_plan)), compare)
             self.differences_html.value = _differences_html(self.differences())
         what_if = (*data, self.cap_mb, self.first_cap_mb)
         if self._changed("what_if", what_if):
             position = self._position()
-            swap_figure(
-                self.what_if_figure, figure_compare(self.model, self.rank, position, **self._caps())
-            )
+            if compare is None or self.user_plan is not None or self.what_if:
+                compare = figure_compare(self.model, self.rank, position, **self._caps())
+            # (without a what-if or a plan of the user's, the what-if is the comparison)
+            self._draw(self.what_if_figure, (*shown, self.cap_mb, self.first_cap_mb), compare)
             self.what_if_html.value = self.what_if_text()
             current = self.cap_mb if self.cap_mb is not None else None
-            swap_figure(
-                self.sweep_figure,
-                figure_cap_sweep(self.model, self.rank, position, current_mb=current),
-            )
+            fig = figure_cap_sweep(self.model, self.rank, position, current_mb=current)
+            self._draw(self.sweep_figure, (*shown, current), fig)
         runtime = "<br>".join(html.escape(line) for line in self.model.versus_runtime(self.rank))
         if self.runtime_html.value != runtime:  # the bucket map fills in after the compile
             self.runtime_html.value = runtime
+
+    def _draw(self, target: go.FigureWidget, key: tuple[Any, ...], fig: go.Figure) -> bool:
+        """Swap ``fig`` into ``target`` unless it shows what ``key`` says ``target`` shows
+        already; then only its title changes. True when swapped."""
+        if self._changed(f"figure {id(target)}", key):
+            swap_figure(target, fig)
+            return True
+        title = fig.layout.title.text
+        if target.layout.title.text != title:
+            target.layout.title.text = title
+        return False
 
     def _sync_controls(self) -> None:
         """New ranks, compiles and partitions appear while the run goes on."""
@@ -409,12 +436,6 @@ class SplitsView(Panels, live.LazyWidget):
                 (self.partition_selector, self._partition_options(), self._selected_index()),
             )
         )
-
-    def _swap_lanes(self, fig: go.Figure) -> None:
-        swap_figure(self.lanes_figure, fig)
-        for trace in self.lanes_figure.data:  # new traces: the click goes to each again
-            if trace.customdata is not None:
-                trace.on_click(self._on_lane_click)
 
 
 def _differences_html(lines: list[str]) -> str:

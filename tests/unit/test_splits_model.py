@@ -109,9 +109,33 @@ def test_malformed_events_are_skipped_and_counted() -> None:
         split_event(good, 0, 6.0),
     ]
     model = model_of(*events)
-    assert model.update() is True and model.skipped == 4
-    assert [c.index for c in model.compilations(0)] == [0]
+    assert model.update() is True and model.skipped == 1  # compiles wait to be read
+    assert model.count(0) == 4 and model.compilation(0, 1) is None and model.skipped == 2
+    assert [c.index for c in model.compilations(0)] == [0] and model.skipped == 4
     assert model.nothing(1) is None and model.ranks == [0]
+    n = len(good.partitions)  # the selector's labels, read off the events undecoded
+    b = good.backend
+    assert model.headers(0) == [(0, n, b), (-1, n, b), (0, 1, b), (0, n, b)]
+
+
+def test_compiles_are_decoded_when_read_not_when_they_arrive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = graph()
+    model = model_of(*[split_event(fake.compile(i), 0, 1000.0 + i) for i in range(50)])
+    decoded: list[Event] = []
+    decode = model._events.decode
+    monkeypatch.setattr(model._events, "decode", lambda e: decoded.append(e) or decode(e))
+    assert model.update() and model.count(0) == 50 and decoded == []
+    assert [h[0] for h in model.headers(0)] == list(range(50)) and decoded == []
+    latest = model.latest(0)
+    assert latest is not None and latest.index == 49 and len(decoded) == 1
+    assert model.content(0, 3) == model.content(0, -1)  # recompiles: one content, two indices
+    assert model.plan(0, 3).partitions == plan_graph(fake.graph, MIB, MIB).partitions
+    assert len(decoded) == 2  # compile 3
+    assert [c.index for c in model.compilations(0)] == list(range(50)) and len(decoded) == 50
+    model.compilations(0)
+    assert len(decoded) == 50  # each decoded once
 
 
 def test_revision_grows_only_when_split_data_arrives() -> None:

@@ -70,6 +70,26 @@ def wrong(comp: SplitCompile) -> SplitCompile:
 
 
 # -- lanes ------------------------------------------------------------------------------------
+def test_every_figure_is_valid_plotly(splits: SplitsModel) -> None:
+    """The figures are built from dicts without plotly's validation (ten times faster):
+    validating them here catches a misspelt property."""
+    altered = model_of([split_event(wrong(fake().compile()), 0)])
+    figs = [
+        figure_lanes(splits, 0, selected=1),
+        figure_compare(splits, 0),
+        figure_compare(splits, 0, bucket_cap_mb=0.5),
+        figure_compare(splits, 0, bucket_cap_mb=0.001),  # refused: the error panel
+        figure_compare(altered, 0),
+        figure_cap_sweep(splits, 0, current_mb=2.0),
+        figure_versus_runtime(splits, 0),
+        figure_nothing(splits, 1),
+        figure_nothing(model_of([]), 0),
+    ]
+    for fig in figs:
+        checked = go.Figure(fig.to_dict())  # raises on an unknown property or a bad value
+        assert checked.to_dict()["data"] == fig.to_dict()["data"]
+
+
 def test_lanes_show_every_call_of_every_partition_in_order(splits: SplitsModel) -> None:
     comp = splits.latest(0)
     assert comp is not None and len(comp.partitions) == 2
@@ -379,7 +399,13 @@ def test_refresh_follows_a_live_run_and_skips_needless_redraws(
     assert swaps == []  # the revision did not change
     model.store.append(split_event(run.compile(1), 0))
     view.refresh()
-    assert view.index == 1 and len(swaps) == 4  # lanes, compare, what-if, sweep
+    assert view.index == 1 and swaps == []  # a recompile of the same graph: retitled only
+    for fig in (view.lanes_figure, view.compare_figure, view.what_if_figure, view.sweep_figure):
+        assert "compile 1" in fig.layout.title.text
+    other = fake(layers=4).compile(2)  # another graph
+    model.store.append(split_event(other, 0))
+    view.refresh()
+    assert view.index == 2 and len(swaps) == 4  # lanes, compare, what-if, sweep
     swaps.clear()
     view.cap_slider.value = 2.0
     assert swaps == [view.what_if_figure, view.sweep_figure]

@@ -10,15 +10,17 @@ from __future__ import annotations
 import itertools
 import operator
 import threading
+from array import array
 from bisect import bisect_left
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from interactive_shard.telemetry.schema import SCHEMA_VERSION, Event
 
 _KIND = operator.attrgetter("kind")
-_FIRST = operator.itemgetter(0)
 
 
 @dataclass
@@ -42,7 +44,7 @@ class RunStore:
         self.info = info
         self._events: list[Event] = []
         # kind -> (positions in _events, those events): appended in order, so sorted
-        self._by_kind: dict[str, tuple[list[int], list[Event]]] = {}
+        self._by_kind: dict[str, tuple[array[int], list[Event]]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -63,7 +65,7 @@ class RunStore:
                 part = list(run)
                 index = self._by_kind.get(kind)
                 if index is None:
-                    index = self._by_kind[kind] = ([], [])
+                    index = self._by_kind[kind] = (array("q"), [])
                 index[0].extend(range(at, at + len(part)))
                 index[1].extend(part)
                 at += len(part)
@@ -76,7 +78,7 @@ class RunStore:
     def since(self, start: int, kinds: Collection[str]) -> tuple[list[Event], int]:
         """The events of ``kinds`` from log position ``start`` on, in log order, and the
         position to start from next time (a cursor's), read under one lock."""
-        parts: list[tuple[list[int], list[Event]]] = []
+        parts: list[tuple[array[int], list[Event]]] = []
         with self._lock:
             end = len(self._events)
             for kind in kinds:
@@ -87,10 +89,11 @@ class RunStore:
                         parts.append((index[0][first:], index[1][first:]))
         if len(parts) <= 1:
             return (parts[0][1] if parts else []), end
-        merged = sorted(
-            itertools.chain.from_iterable(zip(*part, strict=True) for part in parts), key=_FIRST
-        )
-        return [e for _, e in merged], end
+        # Several kinds: their positions sorted in C (a sort of 100k (position, event)
+        # tuples took 0.1 s on the notebook's thread).
+        order = np.argsort(np.concatenate([np.frombuffer(p, np.int64) for p, _ in parts]))
+        events = list(itertools.chain.from_iterable(e for _, e in parts))
+        return [events[i] for i in order.tolist()], end
 
     def kinds(self) -> list[str]:
         """Every kind stored so far, in the order each first arrived."""

@@ -23,6 +23,8 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+import bench_views  # this folder: the precision stream
+
 import interactive_shard as ish
 from interactive_shard import testing
 from interactive_shard.features import FEATURES
@@ -38,12 +40,11 @@ REPORT_LIMIT_MB = 10.0
 def events(iterations: int) -> list[Event]:
     """Every probe's events of an ``iterations``-long 2-rank run, in time order."""
     params = testing.mlp_params(8, 16)
-    policies = {k: testing.fsdp2_policy("bf16", "fp32") for k in ("", "1", "2")}
     parts = [
         testing.FakeRun(params, iterations=iterations).events(),
         testing.FakeTimeline(iterations=iterations).events(),
         testing.FakeLifecycle(iterations=iterations).events(),
-        testing.FakePrecision(testing.mp_net(policies), iterations=iterations).events(),
+        bench_views.precision(2 * iterations + 2),  # FakePrecision itself is quadratic
         testing.FakeSplits(testing.mlp_graph(4, 256), bucket_cap_mb=1, compiles=2).events(),
         [
             Event("scalar", r, i, 1000.0 + i, {"name": name, "value": 1.0 / i})
@@ -62,6 +63,9 @@ def _close(widget: Any) -> None:
 
 
 def views(run: ish.Run, iterations: int) -> dict[str, dict[str, float]]:
+    from interactive_shard.monitor.view import MonitorView
+
+    _close(MonitorView(ish.Run(RunStore(run.store.info))).widget)  # imports: not a view's cost
     out = {}
     for feature in FEATURES:
         module, cls = feature.view.split(":")

@@ -66,11 +66,13 @@ class _Bucket:
 
 @dataclass(frozen=True)
 class GraphPlan:
-    """The plan of one dynamo graph: its partitions in execution order."""
+    """The plan of one dynamo graph: its partitions in execution order; ``nodes``, the
+    graph it was planned from (planning it at other caps needs no trace)."""
 
     partitions: list[Partition]
     bucket_bytes_cap: int
     first_bucket_bytes: int
+    nodes: Sequence[GraphNode] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,14 @@ class SplitPlan:
     @property
     def partitions(self) -> list[Partition]:
         return [p for g in self.graphs for p in g.partitions]
+
+    def replan(
+        self, *, bucket_cap_mb: float, first_bucket_cap_mb: float | None = None
+    ) -> SplitPlan:
+        """The same graphs planned at other caps, without tracing the model again."""
+        cap, first = caps(bucket_cap_mb, first_bucket_cap_mb)
+        graphs = [plan_graph(g.nodes, cap, first) for g in self.graphs]
+        return SplitPlan(graphs, cap, first, nothing=self.nothing)
 
     def __repr__(self) -> str:
         if self.nothing:
@@ -294,7 +304,7 @@ def plan_graph(nodes: Sequence[GraphNode], cap: int, first: int) -> GraphPlan:
             regions=regions_of(calls),
             extended=b.extended,
         )
-        return GraphPlan([whole], cap, first)
+        return GraphPlan([whole], cap, first, nodes)
     pid = {n.name: i for i, b in enumerate(found) for n in b.nodes if n.op != "get_attr"}
     order = [n for n in nodes if n.name in pid]
     autocast, exits, grad = _state_regions(order, pid)
@@ -317,7 +327,7 @@ def plan_graph(nodes: Sequence[GraphNode], cap: int, first: int) -> GraphPlan:
                 extended=b.extended,
             )
         )
-    return GraphPlan(partitions, cap, first)
+    return GraphPlan(partitions, cap, first, nodes)
 
 
 def plan_splits(

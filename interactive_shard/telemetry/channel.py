@@ -57,6 +57,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from interactive_shard.telemetry import schema
+from interactive_shard.telemetry._gc import paused
 from interactive_shard.telemetry.emitter import Emitter
 from interactive_shard.telemetry.schema import MAX_MESSAGE_BYTES, Batch
 
@@ -206,7 +207,8 @@ class Collector:
             if frame is not None:
                 self._said_bye.add(frame.get(zmq.SRCFD))
             return None
-        events = self._decoder.decode(buf[schema.HEADER_SIZE :])
+        with paused():  # Note [Pausing the collector's GC]: nested payloads, 6x faster
+            events = self._decoder.decode(buf[schema.HEADER_SIZE :])
         final = bool(header.flags & schema.FINAL)
         return Batch(header.version, self.token, header.run, header.rank, events, final)
 

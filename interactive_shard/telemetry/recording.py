@@ -33,12 +33,14 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from interactive_shard.telemetry._gc import paused
 from interactive_shard.telemetry._recording_checks import (
     FORMAT,
     MAX_LINE_BYTES,
@@ -196,21 +198,28 @@ def load(path: str | os.PathLike[str]) -> tuple[RunStore, list[Any] | None]:
                 extra=header.extra or {},
             )
         )
-        events: list[Event] = []
-        for lineno, line in enumerate(lines, start=2):
-            event, problem = _decode_event(line, world_size)
-            if event is not None:
-                events.append(event)
-            elif problem is not None:
-                warnings.warn(
-                    f"{path}: line {lineno} is damaged ({problem}); loaded the "
-                    f"{len(events)} events before it and skipped the rest.",
-                    RecordingWarning,
-                    stacklevel=2,
-                )
-                break  # stop reading: the rest is never read, let alone held
+        with paused():  # Note [Pausing the collector's GC]: 2.5 -> 0.85 s at 3k iterations
+            events = _read_events(path, lines, world_size)
         store.extend(events)
     return store, header.results
+
+
+def _read_events(path: Path, lines: Iterator[bytes], world_size: int) -> list[Event]:
+    """The valid prefix of the event lines (a warning names the first bad one)."""
+    events: list[Event] = []
+    for lineno, line in enumerate(lines, start=2):
+        event, problem = _decode_event(line, world_size)
+        if event is not None:
+            events.append(event)
+        elif problem is not None:
+            warnings.warn(
+                f"{path}: line {lineno} is damaged ({problem}); loaded the "
+                f"{len(events)} events before it and skipped the rest.",
+                RecordingWarning,
+                stacklevel=3,  # load's caller
+            )
+            break  # stop reading: the rest is never read, let alone held
+    return events
 
 
 def _decode_event(line: bytes, world_size: int) -> tuple[Event | None, str | None]:

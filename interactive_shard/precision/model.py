@@ -192,6 +192,7 @@ class PrecisionModel(ShowsView):
     def iterations(self) -> list[int]:
         """Iterations any rank reported something of, ascending (1 = the first watched)."""
         self.update()
+        self._stream.split_all()  # every rank's batches handed out: ranks found meanwhile too
         found: set[int] = set()
         for r in self._ranks.values():
             found.update(r.batches.iterations())
@@ -347,7 +348,8 @@ class PrecisionModel(ShowsView):
         reaching a unit uncast: merged over ranks and iterations (every iteration is
         read: the first call on a long run decodes it all, later ones what is new)."""
         self.update()
-        for rank, here in self._ranks.items():
+        self._stream.split_all()  # every rank's batches handed out: ranks found meanwhile too
+        for rank, here in list(self._ranks.items()):
             for it in sorted({*here.batches.iterations(), *(f.iteration for f in here.failures)}):
                 self._check(rank, it)
         return self._findings.merged()

@@ -10,6 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from interactive_shard.buckets.plan import Bucket
 from interactive_shard.buckets.records import IterationRecord, ObservedBucket, WatchInfo
@@ -144,6 +145,30 @@ def divergence_finding(
             "checkpoint(..., use_reentrant=False)."
         )
     return Finding(DIVERGENCE, iteration, sorted(odd), diverged, message)
+
+
+def grouped(findings: Sequence[Finding]) -> list[tuple[Finding, list[int]]]:
+    """The same finding over several iterations (an unused head: every iteration) once:
+    ``(first finding, its iterations)`` per kind, ranks and parameters, in first order."""
+    groups: dict[tuple[Any, ...], tuple[Finding, list[int]]] = {}
+    for f in findings:
+        key = (f.kind, tuple(f.ranks), tuple(f.fqns))
+        if key in groups:
+            groups[key][1].append(f.iteration)
+        else:
+            groups[key] = (f, [f.iteration])
+    return list(groups.values())
+
+
+def span(iterations: Sequence[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3, 7"."""
+    runs: list[list[int]] = []
+    for it in iterations:
+        if runs and it == runs[-1][-1] + 1:
+            runs[-1].append(it)
+        else:
+            runs.append([it])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 # -- planned vs observed -----------------------------------------------------------------------

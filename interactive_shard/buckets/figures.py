@@ -32,6 +32,7 @@ from interactive_shard.buckets.segments import (
     param_bytes,
 )
 
+Spec = tuple[list[dict[str, Any]], dict[str, Any]]  # a figure's traces and layout, as dicts
 ROW_PX, MAX_HEIGHT = 26, 1400
 # A JupyterLab output area is about 650-900 px wide: size the legend for the narrow end.
 LEGEND_ROW_PX, LEGEND_WIDTH_PX = 22, 600
@@ -64,6 +65,21 @@ def figure_bucket_map(
     ``what_if`` re-plans the right panel with other DDP settings (e.g.
     ``{"bucket_cap_mb": 0.5}``); differences are then those the new setting would make.
     """
+    traces, layout = bucket_map_spec(bucket_map, iteration, rank, what_if=what_if)
+    # One constructor call: plotly validates dicts once, while add_traces/update_layout
+    # on a built figure validate and copy again.
+    return go.Figure(data=traces, layout=layout)
+
+
+def bucket_map_spec(
+    bucket_map: BucketMap,
+    iteration: int = 1,
+    rank: int = 0,
+    *,
+    what_if: Mapping[str, Any] | None = None,
+) -> Spec:
+    """``figure_bucket_map`` as plain trace dicts and a layout dict (not validated):
+    a live view redraws only what changed from them (``_redraw.py``)."""
     what_if = dict(what_if or {})
     observed = bucket_map.observed(iteration, rank)
     planned, comparison, error, plan = None, None, "", None
@@ -126,9 +142,7 @@ def figure_bucket_map(
         _note(f"<b>planned</b>: {plan_title} ({stage})", 0.54, "paper", 1, 12, 22, "left"),
         *notes,
     ]
-    # One constructor call: plotly validates dicts once, while add_traces/update_layout
-    # on a built figure validate and copy again.
-    return go.Figure(data=traces, layout=layout)
+    return traces, layout
 
 
 Ticks = tuple[list[int], list[str]]  # a panel's y tick values and labels
@@ -170,7 +184,7 @@ def _delayed_bars(
     """The delayed row: module colours as in the buckets, hatched, its own hover."""
     hook = f"the gradient hook on {row.hook}" if row.hook else "a gradient hook"
     bucketed = {f for b in buckets for f in b.fqns}
-    traces = bar_panel([row], axis, modules, set(), scale, False)
+    traces = bar_panel([row], axis, modules, set(), scale, False, every_group=False)
     for t in traces:
         t["marker"]["pattern"] = {"shape": "/", "fgcolor": "#FFFFFF", "solidity": 0.3}
         t["showlegend"] = t["name"] not in shown  # a module seen only here
@@ -258,11 +272,11 @@ def _diff_markers(c: Comparison, scale: float) -> list[dict[str, Any]]:
             showlegend=False,
             hoverinfo="skip",
         )
-        for axis, rows in sides
-        if rows
+        for axis, rows in sides  # both, empty or not: the same traces every iteration
     ]
-    if traces:
-        traces[0]["showlegend"] = True
+    drawn = [t for t in traces if t["y"]]
+    if drawn:
+        drawn[0]["showlegend"] = True
     return traces
 
 

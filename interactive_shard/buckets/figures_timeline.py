@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from interactive_shard.buckets.analysis import Timeline
+from interactive_shard.buckets.analysis import Timeline, grouped, span
 from interactive_shard.buckets.figures import (
     LEGEND_ROW_PX,
+    Spec,
     figure_bucket_map,
     legend_rows,
     title_at_top,
@@ -25,10 +26,17 @@ EXPOSED = "#D55E00"  # reduction after backward: the step waits for it (vermilli
 WAITING = "#BBBBBB"  # bucket ready, reduction not launched yet (earlier buckets first)
 MS = 1e3
 NO_FINDINGS = "No findings: every gradient became ready and the ranks agreed."
+MAX_ROWS = 50  # health table rows; past this, findings repeated over iterations are grouped
 
 
 def figure_bucket_timeline(bucket_map: BucketMap, iteration: int, rank: int = 0) -> go.Figure:
     """Per bucket: ready -> reduction launched -> done, over the shaded backward window."""
+    traces, layout = bucket_timeline_spec(bucket_map, iteration, rank)
+    return go.Figure(data=traces, layout=layout)
+
+
+def bucket_timeline_spec(bucket_map: BucketMap, iteration: int, rank: int = 0) -> Spec:
+    """``figure_bucket_timeline`` as plain trace dicts and a layout dict (not validated)."""
     tl = bucket_map.timeline(iteration, rank)
     rows = np.array([b.index for b in tl.buckets], dtype=np.int64)
     window = tl.backward_end * MS
@@ -70,37 +78,40 @@ def figure_bucket_timeline(bucket_map: BucketMap, iteration: int, rank: int = 0)
                 "hovertemplate": hover,
             }
         )
+    # Both markers every time, empty when there is nothing to mark (and then out of the
+    # legend): the same traces from one iteration to the next, so that a live view
+    # updates them in place.
+    traces.append(
+        {
+            "type": "scatter",
+            "x": np.array([t * MS for _, t in tl.gradients], dtype=float),
+            "y": np.full(len(tl.gradients), -1),
+            "text": np.array([f for f, _ in tl.gradients], dtype=object),
+            "mode": "markers",
+            "marker": {"symbol": "line-ns-open", "size": 12, "color": "#0072B2"},
+            "name": "a parameter's gradient became ready",
+            "showlegend": bool(tl.gradients),
+            "hovertemplate": "%{text}: %{x:.2f} ms<extra></extra>",
+        }
+    )
     unknown = [b for b in tl.buckets if b.end is None]
-    if unknown:
-        traces.append(
-            {
-                "type": "scatter",
-                "x": np.array([b.start * MS for b in unknown], dtype=float),
-                "y": np.array([b.index for b in unknown], dtype=np.int64),
-                "mode": "markers",
-                "marker": {"symbol": "x-thin-open", "size": 12, "color": EXPOSED},
-                "name": "reduction launched, end not recorded",
-                "hovertemplate": "bucket %{y}: launched %{x:.2f} ms, end not recorded"
-                "<extra></extra>",
-            }
-        )
-    if tl.gradients:
-        traces.append(
-            {
-                "type": "scatter",
-                "x": np.array([t * MS for _, t in tl.gradients], dtype=float),
-                "y": np.full(len(tl.gradients), -1),
-                "text": np.array([f for f, _ in tl.gradients], dtype=object),
-                "mode": "markers",
-                "marker": {"symbol": "line-ns-open", "size": 12, "color": "#0072B2"},
-                "name": "a parameter's gradient became ready",
-                "hovertemplate": "%{text}: %{x:.2f} ms<extra></extra>",
-            }
-        )
+    traces.append(
+        {
+            "type": "scatter",
+            "x": np.array([b.start * MS for b in unknown], dtype=float),
+            "y": np.array([b.index for b in unknown], dtype=np.int64),
+            "mode": "markers",
+            "marker": {"symbol": "x-thin-open", "size": 12, "color": EXPOSED},
+            "name": "reduction launched, end not recorded",
+            "showlegend": bool(unknown),
+            "hovertemplate": "bucket %{y}: launched %{x:.2f} ms, end not recorded<extra></extra>",
+        }
+    )
     headline = _headline(tl)
     if tl.approximate:
         headline += " · backward window estimated (no ddp_iteration event)"
-    bottom = 70 + LEGEND_ROW_PX * legend_rows([t["name"] for t in traces])
+    shown = [t["name"] for t in traces if t.get("showlegend", True)]
+    bottom = 70 + LEGEND_ROW_PX * legend_rows(shown)
     layout = dict(
         title=title_at_top(
             f"<b>Bucket reductions · iteration {iteration} · rank {rank}</b><br>{headline}"
@@ -145,7 +156,7 @@ def figure_bucket_timeline(bucket_map: BucketMap, iteration: int, rank: int = 0)
             }
         ],
     )
-    return go.Figure(data=traces, layout=layout)
+    return traces, layout
 
 
 def _headline(tl: Timeline) -> str:
@@ -173,15 +184,23 @@ def _headline(tl: Timeline) -> str:
 
 
 def figure_health(bucket_map: BucketMap) -> go.Figure:
-    """The health findings as a table (one row per finding)."""
+    """The health findings as a table: one row per finding, or past ``MAX_ROWS`` one per
+    finding repeated over iterations (with their span), the title saying so."""
     findings = bucket_map.health
+    rows = [(str(f.iteration), f) for f in findings]
+    title = "<b>Bucket health</b>"
+    if len(findings) > MAX_ROWS:  # a long run: the same finding every iteration
+        groups = grouped(findings)
+        rows = [(span(its), f) for f, its in groups[:MAX_ROWS]]
+        shown = f"the first {MAX_ROWS} of {len(groups)}" if len(groups) > MAX_ROWS else "all"
+        title += (
+            f" · {len(findings):,} findings, one row per finding repeated over iterations "
+            f"({shown} shown; all in <code>run.buckets.health</code>)"
+        )
     cols: list[list[str]] = [[], [], [], [], []]
-    for f in findings:
-        for col, value in zip(
-            cols,
-            (str(f.iteration), f.kind, ", ".join(map(str, f.ranks)), ", ".join(f.fqns), f.message),
-            strict=True,
-        ):
+    for where, f in rows:
+        values = (where, f.kind, ", ".join(map(str, f.ranks)), ", ".join(f.fqns), f.message)
+        for col, value in zip(cols, values, strict=True):
             col.append("<br>".join(textwrap.wrap(html.escape(value), 110)))
     if not findings:
         cols = [["–"], ["–"], ["–"], ["–"], [NO_FINDINGS]]
@@ -193,8 +212,8 @@ def figure_health(bucket_map: BucketMap) -> go.Figure:
         )
     )
     fig.update_layout(
-        title={"text": "<b>Bucket health</b>", "font": {"size": 14}},
-        height=min(900, 160 + 110 * max(len(findings), 1)),
+        title={"text": title, "font": {"size": 14}},
+        height=min(900, 160 + 110 * max(len(rows), 1)),
         margin={"l": 20, "r": 20, "t": 50, "b": 20},
     )
     return fig

@@ -1,39 +1,47 @@
 """BucketMap: what DDP did with its gradient buckets in a run, and what it should have done.
 
 Consumes the bucket events of a ``RunStore`` (``events.py``, ``docs/events.md``)
-incrementally with a cursor, so it serves a live run and a loaded recording alike.
-Every accessor first consumes new events. The planned
-layout comes from the pure planner (``plan.py``) fed with what the ranks recorded: the
-parameter shapes and dtypes, DDP's settings and the gradient-ready order. No widgets.
+incrementally, so it serves a live run and a loaded recording alike. Every accessor
+first consumes new events. The planned layout comes from the pure planner
+(``plan.py``) fed with what the ranks recorded: the parameter shapes and dtypes, DDP's
+settings and the gradient-ready order. No widgets.
+
+At scale (10,000 iterations, 100,000 events) an update reads nothing of the new
+events: ``bucket`` and ``ddp_iteration`` events are filed unread (``_ingest.py``) and
+indexed by iteration in C-level passes when something needs them all; what a live
+view shows, the newest iteration, is found walking back from the newest events
+(Note [Lazy bucket events] in ``_raw.py``). An iteration's events are decoded when it
+is asked for (and cached). Health is decided on the raw payloads except where an
+iteration looks unhealthy (``_health.py``), under a time budget when a view asks
+(``check_health``). A malformed event is skipped and counted in ``skipped`` when it is
+first read: a ``ddp_watch`` at once, another when its iteration is indexed or decoded.
 """
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
+
 from interactive_shard import features
-from interactive_shard.buckets import analysis, records
+from interactive_shard.buckets import analysis
+from interactive_shard.buckets._health import Health
+from interactive_shard.buckets._ingest import BucketEvents
 from interactive_shard.buckets._params import key_fqn
 from interactive_shard.buckets.analysis import Comparison, Finding, Timeline
 from interactive_shard.buckets.plan import Bucket, BucketPlan, ParamSpec, plan_buckets
-from interactive_shard.buckets.records import (
-    IterationRecord,
-    ObservedBucket,
-    RecordError,
-    WatchInfo,
-)
+from interactive_shard.buckets.records import IterationRecord, ObservedBucket, WatchInfo
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.ui.live import ShowsView
 
-log = logging.getLogger(__name__)
-
 WHAT_IF = ("bucket_cap_mb", "bucket_cap_mb_list", "find_unused_parameters", "static_graph")
 _PLAN_CACHE = 64  # what-if plans kept (a slider asks for the same few caps again and again)
+_DECODED_CACHE = 256  # (iteration, rank) entries decoded and kept
+READY_HEAD = 4096  # records indexed to find iterations 1 and 2 (where the plan's order is)
 
 
-class BucketMap(ShowsView):
+class BucketMap(BucketEvents, ShowsView):
     """Observed and planned DDP buckets of one run (``run.buckets``).
 
     >>> bm = run.buckets                       # doctest: +SKIP
@@ -42,71 +50,70 @@ class BucketMap(ShowsView):
     """
 
     def __init__(self, store: RunStore) -> None:
-        self.store = store
-        self.skipped = 0  # events that did not follow the schema (logged, not kept)
-        self.revision = 0  # grows whenever new bucket data arrived; views compare it
-        self._cursor = 0
-        self._infos: dict[int, WatchInfo] = {}
-        self._buckets: dict[tuple[int, int], dict[int, ObservedBucket]] = {}
-        self._records: dict[tuple[int, int], IterationRecord] = {}
-        self._iterations: set[int] = set()
-        self._dirty: set[int] = set()  # iterations whose findings must be recomputed
-        self._findings: dict[int, list[Finding]] = {}
+        super().__init__(store)
+        self._iterations: tuple[tuple[int, ...], list[int]] = ((), [])  # (state, sorted list)
+        self._health = Health()
+        # (iteration, rank) -> (bucket events then, their buckets)
+        self._observed: OrderedDict[tuple[int, int], tuple[int, list[ObservedBucket]]] = (
+            OrderedDict()
+        )
+        self._recorded: OrderedDict[tuple[int, int], tuple[int, IterationRecord | None]] = (
+            OrderedDict()
+        )
+        # static_graph -> (records then, -1: for good; where the rebuild's ready order was
+        # recorded, None: nowhere yet)
+        self._ready: dict[bool, tuple[int, tuple[tuple[int, int], IterationRecord] | None]] = {}
         self._plans: OrderedDict[tuple[Any, ...], BucketPlan] = OrderedDict()
+        self._specs: tuple[WatchInfo, list[tuple[str, ParamSpec]]] | None = None
 
-    # -- consuming events --------------------------------------------------------------------
-    def update(self) -> bool:
-        """Consume new events; True when bucket data changed."""
-        events = self.store.events(self._cursor)
-        self._cursor += len(events)
-        changed = False
-        for e in events:
-            if e.kind not in records.KINDS:
-                continue
-            try:
-                self._consume(e.kind, e.rank, e.payload)
-            except RecordError as err:
-                self.skipped += 1
-                log.warning("rank %d: skipped a malformed %s event: %s", e.rank, e.kind, err)
-                continue
-            changed = True
-        if changed:
-            self.revision += 1
-        return changed
+    def _watched(self) -> None:
+        self._plans.clear()
+        self._ready.clear()
+        self._health.reset()
+        self._observed.clear()  # a rank watched again may have been superseded
+        self._recorded.clear()
 
-    def _consume(self, kind: str, rank: int, payload: dict[str, Any]) -> None:
-        record = records.decode(rank, kind, payload)
-        if isinstance(record, WatchInfo):
-            if rank in self._infos:  # watching again restarts the rank's iteration count
-                self._forget(rank)
-            self._infos[rank] = record
-            self._plans.clear()
-            self._dirty.update(self._iterations)
-        elif isinstance(record, ObservedBucket):
-            self._buckets.setdefault((record.iteration, rank), {})[record.index] = record
-            self._iterations.add(record.iteration)
-        else:
-            self._records[(record.iteration, rank)] = record
-            self._iterations.add(record.iteration)
-            self._dirty.add(record.iteration)
-            if record.iteration <= 2:  # the ready order the plan uses may have changed
-                self._plans.clear()
+    @property
+    def health_revision(self) -> int:
+        """Grows whenever the findings found so far change (views redraw their list)."""
+        return self._health.revision
 
-    def _forget(self, rank: int) -> None:
-        log.info("rank %d: ddp_watch again; dropping its earlier bucket events", rank)
-        for table in (self._buckets, self._records):
-            for key in [k for k in table if k[1] == rank]:
-                del table[key]
-        self._iterations = {i for i, _ in (*self._buckets, *self._records)}
-        self._findings.clear()
-        self._dirty = set(self._iterations)
+    def check_health(self, seconds: float | None = None) -> bool:
+        """Look for findings in the records not looked at yet; with ``seconds``, for
+        about that long at most (a view's refresh budget: 100,000 new events hold
+        50,000 records to compare across ranks), going on at the next call. True when
+        every record has been looked at. ``health`` looks at all of them."""
+        self.update()
+        return self._health.update(self._records, self.info, self._decode_records, seconds)
+
+    @property
+    def health_checked(self) -> tuple[int, int]:
+        """(records looked at for findings, records): equal once ``health`` is complete."""
+        self.update()
+        return self._health.checked, len(self._records)
+
+    @property
+    def health_so_far(self) -> list[Finding]:
+        """The findings of the records looked at so far (``check_health``)."""
+        return list(self._health.listed())
 
     # -- what was observed -------------------------------------------------------------------
     @property
     def iterations(self) -> list[int]:
         """DDP iterations with any bucket data, ascending (1 = first backward watched)."""
         self.update()
-        return sorted(self._iterations)
+        for raw in self._raw:
+            raw.index()
+        state = (self._buckets.indexed, self._records.indexed, self._forgotten)
+        if self._iterations[0] != state:
+            alive = [raw.iterations[raw.alive] for raw in self._raw]
+            self._iterations = (state, np.unique(np.concatenate(alive)).tolist())
+        return list(self._iterations[1])
+
+    @property
+    def iteration_count(self) -> int:
+        """How many iterations have bucket data (``len(iterations)``)."""
+        return len(self.iterations)
 
     @property
     def latest(self) -> int | None:
@@ -114,9 +121,28 @@ class BucketMap(ShowsView):
         return its[-1] if its else None
 
     @property
+    def newest(self) -> int | None:
+        """The latest iteration, from the newest events (what a live view follows): as
+        ``latest`` without indexing every bucket event (Note [Lazy bucket events])."""
+        self.update()
+        known = self.known_ranks
+        tops = [raw.newest(known) or 0 for raw in self._raw]
+        tops += [int(raw.iterations[raw.alive].max(initial=0)) for raw in self._raw]
+        return max(tops) or None
+
+    @property
     def ranks(self) -> list[int]:
         self.update()
-        return sorted(set(self._infos) | {r for _, r in (*self._buckets, *self._records)})
+        for raw in self._raw:
+            raw.index()
+        return self.known_ranks
+
+    @property
+    def known_ranks(self) -> list[int]:
+        """``ranks`` as known without indexing every bucket event: of the watches, the
+        records and the bucket events indexed so far (a live view's rank list)."""
+        self.update()
+        return sorted(set(self._infos) | self._buckets.ranks | self._records.ranks)
 
     @property
     def info(self) -> WatchInfo | None:
@@ -128,41 +154,39 @@ class BucketMap(ShowsView):
         """Buckets of ``iteration`` on ``rank`` by index ([] until they are reported)."""
         _check_iteration(iteration)
         self.update()
-        found = self._buckets.get((iteration, rank), {})
-        return [found[i] for i in sorted(found)]
+        key, count = (iteration, rank), len(self._buckets)
+        cached = self._observed.get(key)
+        if cached is None or cached[0] != count:  # bucket events came since: look again
+            by_index: dict[int, ObservedBucket] = {}
+            for e in self._events(self._buckets, iteration, rank):  # sent twice: the later
+                bucket = self._decode(e)
+                if bucket is not None:
+                    by_index[bucket.index] = bucket
+            cached = (count, [by_index[i] for i in sorted(by_index)])
+            _keep(self._observed, key, cached)
+        return list(cached[1])
 
     def record(self, iteration: int, rank: int = 0) -> IterationRecord | None:
         """The ``ddp_iteration`` summary (ready order, unready, checksums), if reported."""
         _check_iteration(iteration)
         self.update()
-        return self._records.get((iteration, rank))
+        key, count = (iteration, rank), len(self._records)
+        cached = self._recorded.get(key)
+        if cached is None or cached[0] != count:
+            found = None
+            for e in reversed(self._events(self._records, iteration, rank)):
+                found = self._decode(e)  # the latest that decodes
+                if found is not None:
+                    break
+            cached = (count, found)
+            _keep(self._recorded, key, cached)
+        return cached[1]
 
     @property
     def health(self) -> list[Finding]:
         """Findings ("unready", "divergence") of every iteration, in iteration order."""
-        self.update()
-        info = self.info
-        order = info.fqns if info is not None else []
-        for it in sorted(self._dirty):
-            per_rank = {r: rec for (i, r), rec in self._records.items() if i == it}
-            unready = analysis.unready_finding(
-                it, {r: x.unready for r, x in per_rank.items()}, info
-            )
-            # An unfinished reduction leaves every gradient local, so differing checksums
-            # are expected then and the unready finding already explains it.
-            stuck = unready is not None and analysis.reduction_unfinished(info)
-            divergence = None
-            if not stuck:
-                divergence = analysis.divergence_finding(
-                    it,
-                    {r: x.checksums for r, x in per_rank.items()},
-                    order,
-                    {f for x in per_rank.values() for f in x.repeated},
-                )
-            found = [unready, divergence]
-            self._findings[it] = [f for f in found if f is not None]
-        self._dirty.clear()
-        return [f for it in sorted(self._findings) for f in self._findings[it]]
+        self.check_health()
+        return list(self._health.listed())
 
     def timeline(self, iteration: int, rank: int = 0) -> Timeline:
         """Bucket ready/start/end against the backward window, and how much overlapped."""
@@ -209,7 +233,9 @@ class BucketMap(ShowsView):
         key = (*(_frozen(settings[k]) for k in WHAT_IF), _frozen(order))
         plan = self._plans.get(key)
         if plan is None:
-            params = _specs(info)
+            if self._specs is None or self._specs[0] is not info:  # built once per watch
+                self._specs = (info, _specs(info))
+            params = self._specs[1]
             plan = plan_buckets(params, ready_order=order, **settings, **_delay(info, params))
             self._plans[key] = plan
             if len(self._plans) > _PLAN_CACHE:
@@ -240,11 +266,32 @@ class BucketMap(ShowsView):
     def _ready_record(self, static_graph: bool) -> tuple[tuple[int, int], IterationRecord] | None:
         # DDP rebuilds from the order rank 0 recorded (it broadcasts it), in iteration 1,
         # or iteration 2 with static_graph (iteration 1 then delays every reduction).
+        self.update()
+        raw = self._records
         preferred = (2, 1) if static_graph else (1, 2)
+        cached = self._ready.get(static_graph)
+        if cached is not None and cached[0] in (-1, len(raw)):
+            return cached[1]
+        # Iterations 1 and 2 come first: index the first records only, unless none is there.
+        raw.index(upto=min(len(raw), READY_HEAD))
+        found = self._ready_indexed(preferred)
+        if found is None and raw.indexed < len(raw):
+            raw.index()
+            found = self._ready_indexed(preferred)
+        # Rank 0 in the preferred iteration: nothing later replaces it (-1: for good).
+        final = found is not None and found[0] == (preferred[0], 0)
+        self._ready[static_graph] = (-1 if final else len(raw), found)
+        return found
+
+    def _ready_indexed(
+        self, preferred: tuple[int, int]
+    ) -> tuple[tuple[int, int], IterationRecord] | None:
         for iteration in preferred:
-            ranks = sorted(r for i, r in self._records if i == iteration)
-            if ranks:
-                return (iteration, ranks[0]), self._records[(iteration, ranks[0])]
+            rows = self._records.positions(iteration)
+            for rank in sorted(set(self._records.rank_column[rows].tolist())):
+                record = self.record(iteration, rank)
+                if record is not None:
+                    return (iteration, rank), record
         return None
 
     def _recorded_ready_order(self, info: WatchInfo, static_graph: bool) -> list[str] | None:
@@ -297,6 +344,12 @@ def _delay(info: WatchInfo, params: list[tuple[str, ParamSpec]]) -> dict[str, An
         "delay_all_reduce_named_params": list(info.delayed.fqns),
         "param_to_hook_all_reduce": hook if hook in {f for f, _ in params} else None,
     }
+
+
+def _keep(cache: OrderedDict[tuple[int, int], Any], key: tuple[int, int], value: Any) -> None:
+    cache[key] = value
+    if len(cache) > _DECODED_CACHE:
+        cache.popitem(last=False)
 
 
 def _check_iteration(iteration: object) -> None:

@@ -76,8 +76,15 @@ def bar_panel(
     highlight: set[str],
     scale: float,
     show_legend: bool,
+    *,
+    every_group: bool = True,
 ) -> list[dict[str, Any]]:
     """One bar trace per legend group (module, or colour when there are many modules).
+
+    ``every_group``: a trace for every module (or colour) of the model and a "moved
+    parameter" outline, empty when nothing is there, so that the traces are the same
+    from one iteration to the next and a live view updates them in place (a figure
+    built anew costs ten times more); an empty trace stays out of the legend.
 
     Columns go to plotly as numpy arrays and outlines are one extra trace rather than
     per-segment colour lists: plotly validates Python lists element by element, which
@@ -86,17 +93,22 @@ def bar_panel(
     groups, group_of = modules.groups, modules.group_of
     by_colour = len(groups) > MAX_LEGEND_MODULES
     position = {g: i for i, g in enumerate(groups)}
+
+    def key_of(group: str) -> str:
+        return PALETTE[position.get(group, 0) % len(PALETTE)] if by_colour else group
+
     cols: dict[str, _Columns] = {}
+    if every_group:
+        cols = {key_of(g): _Columns() for g in groups}
     moved = _Columns()
     for row in rows:
         base = 0
         for fqn, shape, dtype in zip(row.fqns, row.shapes, row.dtypes, strict=True):
             size = param_bytes(shape, dtype)
             group = group_of.get(fqn, "(unknown module)")
-            key = PALETTE[position.get(group, 0) % len(PALETTE)] if by_colour else group
             owner = modules.described.get(fqn, group)
             hover = f"shape {list(shape)} · {dtype}<br>{size:,} bytes · {owner}"
-            column = cols.setdefault(key, _Columns())
+            column = cols.setdefault(key_of(group), _Columns())
             for c in (column, moved) if fqn in highlight else (column,):
                 c.add(row, fqn, hover, size / scale, base / scale, size)
             base += size
@@ -104,9 +116,9 @@ def bar_panel(
     for key, column in cols.items():
         name = f"modules in colour {PALETTE.index(key) + 1}" if by_colour else key
         colour = key if by_colour else key_color(key, groups)
-        traces.append(column.bars(name, axis, colour, show_legend))
-    if moved.y:
-        trace = moved.bars("moved parameter", axis, "rgba(0,0,0,0)", show_legend)
+        traces.append(column.bars(name, axis, colour, show_legend and bool(column.y)))
+    if moved.y or every_group:
+        trace = moved.bars("moved parameter", axis, "rgba(0,0,0,0)", show_legend and bool(moved.y))
         trace["marker"]["line"] = {"color": DIFF, "width": 2.5}
         trace.update(hoverinfo="skip", hovertemplate=None)
         traces.append(trace)

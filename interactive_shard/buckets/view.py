@@ -2,9 +2,13 @@
 
 Thin: all state worth testing lives in ``BucketMap`` and in the pure figures of
 ``figures.py`` / ``figures_timeline.py``; this file wires widgets to them. Every redraw
-builds the figures from the model as it is now and swaps them into the FigureWidgets
-inside ``batch_update()``; ``ui.live`` calls ``refresh()`` at most 10 times a second
-while ranks run.
+builds the figures' dicts from the model as it is now and sets, inside
+``batch_update()``, only what differs from what the FigureWidgets show (``_redraw.py``);
+``ui.live`` calls ``refresh()`` at most 10 times a second while ranks run.
+
+A run may have 10,000 iterations: the iteration selector is a bounded number box (0
+follows the latest), not a list of every iteration, and the health list groups a
+finding repeated over iterations into one line with its span.
 """
 
 from __future__ import annotations
@@ -16,16 +20,18 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from interactive_shard.buckets.analysis import Finding
-from interactive_shard.buckets.figures import figure_bucket_map
+from interactive_shard.buckets._redraw import Redrawn
+from interactive_shard.buckets.analysis import grouped, span
+from interactive_shard.buckets.figures import bucket_map_spec, figure_bucket_map
 from interactive_shard.buckets.figures_timeline import (
+    bucket_timeline_spec,
     figure_bucket_timeline,
     figure_health,
     report_figures,
 )
 from interactive_shard.buckets.model import BucketMap
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import CAP_STEP, clamp_log2, log2_grid, swap_figure
+from interactive_shard.ui.controls import CAP_STEP, clamp_log2, log2_grid
 
 __all__ = [
     "BucketMapView",
@@ -38,6 +44,10 @@ __all__ = [
 LATEST = 0  # iteration selector value that follows the newest iteration
 CAP_LOG2 = (-14.0, 9.0)  # what-if slider: 64 B .. 512 MiB, in MiB on a log2 scale
 MAX_FINDINGS = 20  # listed in the widget; all are in BucketMap.health
+# Health work per refresh with new events: a burst of 100k events holds 50k records to
+# compare across ranks (~100 ms); a poller looks at the rest between ticks, and the list
+# says how far it got.
+HEALTH_BUDGET_S = 0.010
 
 
 class BucketMapView(live.LazyWidget):
@@ -46,8 +56,10 @@ class BucketMapView(live.LazyWidget):
     State first: ``iteration`` (None follows the latest), ``rank`` and the what-if
     ``cap_mb`` (None: the recorded DDP settings) can be given here, before any widget
     exists. Once ``widget`` is built, the controls hold that state: set
-    ``iteration_selector.value``, ``rank_selector.value`` or ``cap_slider.value``, click
-    ``reset_button``, then read ``map_figure`` / ``timeline_figure`` / ``health_html``.
+    ``iteration_selector.value`` (an iteration, or 0 for the latest),
+    ``rank_selector.value`` or ``cap_slider.value``, click ``reset_button``, then read
+    ``map_figure`` / ``timeline_figure`` / ``health_html``; ``iteration_note`` says what
+    the iterations are (how many, which has the initial and the rebuilt buckets).
     """
 
     def __init__(
@@ -64,41 +76,44 @@ class BucketMapView(live.LazyWidget):
         self.cap_mb = cap_mb
         self._widget: widgets.VBox | None = None
         self._drawn: tuple[Any, ...] | None = None
+        self._health_drawn: tuple[int, bool] | None = None  # (health_revision, complete)
+        self._catching_up = False  # a poller finishes the health check after a burst
+        self._checked_at = -1  # the model revision the health check last went on at
         self._quiet = False  # set while the view itself moves a control
 
     # -- state (no widgets) ----------------------------------------------------------------
     @property
     def iteration(self) -> int | None:
         """The iteration shown: the selected one, or the latest."""
-        return self.chosen_iteration if self.chosen_iteration != LATEST else self.model.latest
+        return self.chosen_iteration if self.chosen_iteration != LATEST else self.model.newest
 
     @property
     def rank(self) -> int:
         if self.chosen_rank is not None:
             return self.chosen_rank
-        ranks = self.model.ranks
+        ranks = self.model.known_ranks
         return 0 if 0 in ranks or not ranks else ranks[0]
 
     @property
     def what_if(self) -> dict[str, Any]:
         return {} if self.cap_mb is None else {"bucket_cap_mb": self.cap_mb}
 
-    def _iteration_options(self) -> list[tuple[str, int]]:
+    def _iteration_note(self) -> str:
+        """What the number box can show: 0 = the latest, and where the buckets change."""
+        latest = self.model.newest
+        if latest is None:
+            return "0 = latest · no iteration yet"
         try:
-            plan = self.model.plan()
-            rebuilt_from = plan.rebuilt_from_iteration
+            rebuilt_from = self.model.plan().rebuilt_from_iteration
         except (LookupError, ValueError, TypeError):
             rebuilt_from = None
-        options = [("latest", LATEST)]
-        iterations = set(self.model.iterations) | {self.chosen_iteration} - {LATEST}
-        for it in sorted(iterations):
-            note = " · initial buckets" if it == 1 else ""
-            note += " · rebuilt" if it == rebuilt_from else ""
-            options.append((f"{it}{note}", it))
-        return options
+        marks = ["1: initial buckets"]
+        if rebuilt_from is not None:
+            marks.append(f"{rebuilt_from}: rebuilt")
+        return f"0 = latest ({latest:,}) · {' · '.join(marks)}"
 
     def _rank_options(self) -> list[tuple[str, int]]:
-        return [(str(r), r) for r in sorted({*self.model.ranks, self.rank})]
+        return [(str(r), r) for r in sorted({*self.model.known_ranks, self.rank})]
 
     def _status(self) -> str:
         info = self.model.info
@@ -126,31 +141,38 @@ class BucketMapView(live.LazyWidget):
             f"{what_if}"
         )
 
-    def _health(self) -> str:
-        findings = self.model.health
+    def _health(self, complete: bool = True) -> str:
+        findings = self.model.health_so_far
+        progress = ""
+        if not complete:
+            done, total = self.model.health_checked
+            progress = f" (looked at {done:,} of {total:,} iteration records so far…)"
         if not findings:
-            return "<b>Health:</b> no findings."
+            return f"<b>Health:</b> no findings{progress}."
         # The same finding every iteration (an unused head) is listed once, with its span.
-        groups: dict[tuple[Any, ...], list[Finding]] = {}
-        for f in findings:
-            groups.setdefault((f.kind, tuple(f.ranks), tuple(f.fqns)), []).append(f)
+        groups = grouped(findings)
         items = []
-        for same in list(groups.values())[:MAX_FINDINGS]:
-            its = [f.iteration for f in same]
-            span = f"iteration {its[0]}" if len(its) == 1 else f"iterations {_span(its)}"
-            items.append(f"<li><b>{same[0].kind}</b> ({span}): {html.escape(same[0].message)}</li>")
+        for first, its in groups[:MAX_FINDINGS]:
+            where = f"iteration {its[0]}" if len(its) == 1 else f"iterations {span(its)}"
+            items.append(f"<li><b>{first.kind}</b> ({where}): {html.escape(first.message)}</li>")
         more = len(groups) - MAX_FINDINGS
         tail = f"<li>… {more} more: see <code>run.buckets.health</code></li>" if more > 0 else ""
-        return f"<b>Health: {len(findings)} finding(s)</b><ul>{''.join(items)}{tail}</ul>"
+        return f"<b>Health: {len(findings)} finding(s)</b>{progress}<ul>{''.join(items)}{tail}</ul>"
 
     # -- widgets ---------------------------------------------------------------------------
     def _build(self) -> None:
         self.model.update()
         recorded = self._recorded_cap()
         low, high = log2_grid(recorded, CAP_LOG2)
-        self.iteration_selector = widgets.Dropdown(
-            description="iteration", options=self._iteration_options(), value=self.chosen_iteration
+        # A number box, not a Dropdown: 10,000 options are slow to send and to scroll.
+        self.iteration_selector = widgets.BoundedIntText(
+            description="iteration",
+            min=LATEST,
+            max=self._iteration_max(),
+            value=self.chosen_iteration,
+            layout={"width": "190px"},
         )
+        self.iteration_note = widgets.HTML(self._iteration_note())
         self.rank_selector = widgets.Dropdown(
             description="rank", options=self._rank_options(), value=self.rank
         )
@@ -170,11 +192,13 @@ class BucketMapView(live.LazyWidget):
         self.health_html = widgets.HTML()
         self.map_figure = go.FigureWidget()
         self.timeline_figure = go.FigureWidget()
+        self._map = Redrawn(self.map_figure)
+        self._timeline = Redrawn(self.timeline_figure)
         self.iteration_selector.observe(self._on_control, names="value")
         self.rank_selector.observe(self._on_control, names="value")
         self.cap_slider.observe(self._on_cap, names="value")
         self.reset_button.on_click(self._on_reset)
-        controls = widgets.HBox([self.iteration_selector, self.rank_selector])
+        controls = widgets.HBox([self.iteration_selector, self.iteration_note, self.rank_selector])
         what_if = widgets.HBox([self.cap_slider, self.reset_button])
         self._widget = widgets.VBox(
             [
@@ -221,52 +245,61 @@ class BucketMapView(live.LazyWidget):
             self._quiet = False
         self.refresh()
 
+    def _iteration_max(self) -> int:
+        return max(self.model.newest or 0, self.chosen_iteration)
+
     def refresh(self) -> None:
         """Bring controls and figures up to date with the model (cheap when nothing changed)."""
         if self._widget is None:
             return
         self.model.update()
-        self._quiet = True
-        try:  # new iterations and ranks appear while the run goes on
-            options = self._iteration_options()
-            if options != list(self.iteration_selector.options):
-                self.iteration_selector.options = options
-                self.iteration_selector.value = self.chosen_iteration
-            ranks = self._rank_options()
-            if ranks != list(self.rank_selector.options):
-                self.rank_selector.options = ranks
-                self.rank_selector.value = self.rank
-        finally:
-            self._quiet = False
+        if self._checked_at != self.model.revision:  # new events: some health work now
+            self._checked_at = self.model.revision
+            self.model.check_health(HEALTH_BUDGET_S)
+        done, total = self.model.health_checked
+        complete = done == total  # else a poller goes on between ticks (_health_done)
+        health = (self.model.health_revision, complete)
+        if health != self._health_drawn:
+            self._health_drawn = health
+            self.health_html.value = self._health(complete)
+        if not complete and not self._catching_up:  # a burst: finish it between ticks
+            self._catching_up = True
+            live.keep_polling(self._health_done)
         iteration = self.iteration
         key = (self.model.revision, iteration, self.rank)
         if (*key, self.cap_mb) == self._drawn:
             return
         data_changed = self._drawn is None or key != self._drawn[:3]
         self._drawn = (*key, self.cap_mb)
+        if data_changed:  # new iterations and ranks appear while the run goes on
+            self._update_controls()
         self.status_html.value = self._status()
-        self.health_html.value = self._health()
         if iteration is None:
-            swap_figure(
-                self.map_figure, go.Figure(layout={"title": {"text": "No bucket data yet"}})
-            )
+            self._map.draw(([], {"title": {"text": "No bucket data yet"}}))
             return
-        swap_figure(
-            self.map_figure,
-            figure_bucket_map(self.model, iteration, self.rank, what_if=self.what_if),
-        )
+        self._map.draw(bucket_map_spec(self.model, iteration, self.rank, what_if=self.what_if))
         if data_changed:  # the timeline does not depend on the what-if cap
-            swap_figure(
-                self.timeline_figure, figure_bucket_timeline(self.model, iteration, self.rank)
-            )
+            self._timeline.draw(bucket_timeline_spec(self.model, iteration, self.rank))
 
+    def _health_done(self) -> bool:
+        """The poller's question; ``ui.live`` refreshes the view (one more budgeted step
+        of the health check) after each ask, until this is True."""
+        done = self.closed or self.model.check_health(HEALTH_BUDGET_S)
+        self._catching_up = not done
+        return done
 
-def _span(iterations: list[int]) -> str:
-    """[1, 2, 3, 7] -> "1-3, 7"."""
-    runs: list[list[int]] = []
-    for it in iterations:
-        if runs and it == runs[-1][-1] + 1:
-            runs[-1].append(it)
-        else:
-            runs.append([it])
-    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    def _update_controls(self) -> None:
+        self._quiet = True
+        try:
+            top = self._iteration_max()
+            if self.iteration_selector.max != top:
+                self.iteration_selector.max = top
+            note = self._iteration_note()
+            if self.iteration_note.value != note:
+                self.iteration_note.value = note
+            ranks = self._rank_options()
+            if ranks != list(self.rank_selector.options):
+                self.rank_selector.options = ranks
+                self.rank_selector.value = self.rank
+        finally:
+            self._quiet = False

@@ -127,7 +127,11 @@ def test_malformed_events_are_skipped_and_counted(caplog: pytest.LogCaptureFixtu
         Event(BUCKET, 0, 1, 0.0, {**bucket(0, 1, 0, ["x"]).payload, "iteration": 0}),
     ]
     bm = BucketMap(store_of([watch(0), *bad, bucket(0, 1, 0, ["a.weight"])]))
-    assert bm.iterations == [1] and bm.skipped == len(bad) and bm.ranks == [0]
+    # Read at once: the watch, and where each event belongs (its iteration).
+    assert bm.iterations == [1] and bm.skipped == 2 and bm.ranks == [0]
+    # The rest when their iteration is first read (a view decodes only what it shows).
+    assert [b.fqns for b in bm.observed(1)] == [["a.weight"]] and bm.record(1) is None
+    assert bm.skipped == len(bad) and bm.health == [] and bm.skipped == len(bad)
     assert "skipped a malformed" in caplog.text and "skipped" in repr(bm)
 
 

@@ -1,0 +1,208 @@
+"""The bucket events of one kind, kept undecoded, indexed by iteration when needed.
+
+Note [Lazy bucket events]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+
+Background: a run of 10,000 iterations sends 50,000 or more ``bucket`` events, and a
+view shows one iteration. Decoding them all as they arrive cost most of a refresh;
+even reading one field of each of 100k new events costs tens of milliseconds (they are
+cold in memory: each read is a cache miss).
+
+Algorithm: ``RawEvents`` keeps the events as they came. ``index()`` reads each
+payload's ``iteration`` and the event's rank in one C-level pass into numpy columns
+(``iterations``, ``rank_column``), for the events not indexed yet, oldest first.
+``BucketMap`` indexes when asked for something all events decide (the list of
+iterations, the ranks, a superseded rank), and its health check indexes the
+``ddp_iteration`` events as it reads them (a time budget per refresh). What a live
+view asks for, the newest iteration and its buckets and record, is found by walking
+back from the newest event (``newest`` / ``walk_for``), ``WALK`` events at most: the
+probe sends a rank's events in iteration order, so a rank's events older than one of
+an earlier iteration cannot belong to a later one. Past ``WALK`` the rest is indexed.
+
+Caveats: the walk relies on a rank's iterations never decreasing from event to event
+(the probe counts forwards; watching again supersedes the rank's earlier events, which
+``BucketMap`` indexes first). A stream that breaks this (a hostile one) may have a
+bucket not found by the walk; the indexed accessors (``BucketMap.iterations``) see all.
+An event whose iteration cannot be read is skipped and counted when it is indexed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable, Collection
+from typing import Any
+
+import numpy as np
+
+from interactive_shard.telemetry.schema import MAX_WORLD_SIZE, Event
+
+PAYLOAD = operator.attrgetter("payload")
+RANK = operator.attrgetter("rank")
+WALK = 4096  # events a walk from the newest reads before indexing instead
+_ITERATION = operator.itemgetter("iteration")
+Reject = Callable[[Event, str], None]
+
+
+class RawEvents:
+    """Events of one kind in arrival order. Of the first ``indexed`` of them,
+    ``iterations`` and ``rank_column`` hold the payloads' iteration numbers and the
+    ranks (numpy columns), and ``alive`` is False for those a later ``ddp_watch`` of
+    their rank superseded; an event whose iteration cannot be read is dropped then."""
+
+    def __init__(self, reject: Reject) -> None:
+        self.events: list[Event] = []
+        self.indexed = 0
+        self._reject = reject
+        self._iterations = np.empty(256, dtype=np.int64)
+        self._ranks = np.empty(256, dtype=np.int64)
+        self._alive = np.ones(256, dtype=bool)
+        self.ranks: set[int] = set()  # of the indexed events, alive or not
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    @property
+    def iterations(self) -> np.ndarray:
+        return self._iterations[: self.indexed]
+
+    @property
+    def rank_column(self) -> np.ndarray:
+        return self._ranks[: self.indexed]
+
+    @property
+    def alive(self) -> np.ndarray:
+        return self._alive[: self.indexed]
+
+    def add(self, events: list[Event]) -> None:
+        """Append ``events`` unread."""
+        self.events.extend(events)
+
+    def index(self, upto: int | None = None) -> np.ndarray:
+        """Index the events not indexed yet (up to position ``upto``); returns their
+        iteration numbers."""
+        start, stop = self.indexed, len(self.events) if upto is None else upto
+        if start >= stop:
+            return np.empty(0, dtype=np.int64)
+        new = self.events[start:stop]
+        keys = _keys(new)
+        if keys is None:
+            kept, keys = _checked(new, self._reject)
+            if len(kept) != len(new):  # the unreadable ones leave the list
+                self.events[start:stop] = kept
+        iterations, ranks = keys >> _SHIFT, keys & _RANKS
+        end = start + len(iterations)
+        if end > len(self._iterations):
+            size = max(2 * len(self._iterations), end)
+            self._iterations = np.resize(self._iterations, size)
+            self._ranks = np.resize(self._ranks, size)
+            self._alive = np.resize(self._alive, size)
+        self._iterations[start:end] = iterations
+        self._ranks[start:end] = ranks
+        self._alive[start:end] = True
+        self.indexed = end
+        self.ranks.update(np.unique(ranks).tolist())
+        return iterations
+
+    def positions(self, iteration: int, rank: int | None = None) -> list[int]:
+        """Where the live indexed events of ``iteration`` (of ``rank``) are, in order."""
+        hit = self.iterations == iteration
+        if rank is not None:
+            hit &= self.rank_column == rank
+        return list(np.flatnonzero(hit & self.alive).tolist())
+
+    def forget(self, rank: int) -> None:
+        """Mark ``rank``'s events superseded (its ``ddp_watch`` came again)."""
+        self.index()
+        self.alive[self.rank_column == rank] = False
+
+    def newest(self, ranks: Collection[int]) -> int | None:
+        """The highest iteration of the events not indexed yet: walked back from the
+        newest until each of ``ranks`` (and every rank met) was seen once, else indexed.
+        None when every event is indexed."""
+        if self.indexed == len(self.events):
+            return None
+        wanted, seen, top = set(ranks), set(), 0
+        for e in self._walk():
+            if e is None:  # too far back, or an unreadable event: index them
+                tail = self.index()
+                return int(tail.max()) if len(tail) else None
+            rank, it = e
+            if rank not in seen:  # a rank's newest event holds its highest iteration
+                seen.add(rank)
+                top = max(top, it)
+                if seen >= wanted:
+                    return top
+        return top
+
+    def walk_for(self, iteration: int, rank: int) -> list[Event] | None:
+        """The events of ``iteration`` on ``rank`` among those not indexed yet, oldest
+        first, found walking back from the newest: at the first event of ``rank`` of an
+        earlier iteration the rest are older still. None when the walk went too far
+        (the caller indexes them)."""
+        found: list[Event] = []
+        position = len(self.events)
+        for e in self._walk():
+            if e is None:
+                return None
+            position -= 1
+            here, it = e
+            if here != rank:
+                continue
+            if it == iteration:
+                found.append(self.events[position])
+            elif it < iteration:
+                break
+        found.reverse()
+        return found
+
+    def _walk(self) -> Any:
+        """(rank, iteration) of the events not indexed yet, newest first; None (then
+        stop) past ``WALK`` events or at one whose iteration cannot be read."""
+        stop = max(self.indexed, len(self.events) - WALK)
+        for e in reversed(self.events[stop:]):
+            payload = e.payload
+            it = payload.get("iteration") if type(payload) is dict else None
+            if type(it) is not int or not 1 <= it <= _MAX_ITERATION:
+                yield None
+                return
+            yield e.rank, it
+        if stop > self.indexed:
+            yield None
+
+
+# A key is iteration << 16 | rank: one pass reads both. Ranks are below MAX_WORLD_SIZE
+# (2**16: the schema checks every event that arrives), iterations below 2**47.
+_SHIFT = (MAX_WORLD_SIZE - 1).bit_length()
+_RANKS = (1 << _SHIFT) - 1
+_MAX_ITERATION = (1 << (63 - _SHIFT)) - 1
+_SHIFTS = itertools.repeat(_SHIFT)
+
+
+def _keys(events: list[Event]) -> np.ndarray | None:
+    """``payload["iteration"] << 16 | rank`` of every event, in one C-level pass over
+    them. None when an iteration is missing, not a number, or not in 1..2**47-1.
+
+    numpy reads 1.5, True or "3" as an int here: such an event is filed under that
+    iteration, and skipped (and counted) when that iteration is decoded, so the only
+    trace of it is an iteration listed without data.
+    """
+    iterations = map(operator.lshift, map(_ITERATION, map(PAYLOAD, events)), _SHIFTS)
+    try:
+        keys = np.fromiter(map(operator.or_, iterations, map(RANK, events)), np.int64, len(events))
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return keys if keys.min() >> _SHIFT >= 1 else None
+
+
+def _checked(events: list[Event], reject: Reject) -> tuple[list[Event], np.ndarray]:
+    kept, keys = [], []
+    for e in events:
+        payload: Any = e.payload
+        it = payload.get("iteration") if isinstance(payload, dict) else None
+        if type(it) is int and 1 <= it <= _MAX_ITERATION:
+            kept.append(e)
+            keys.append(it << _SHIFT | e.rank)
+        else:
+            reject(e, f"iteration {it!r}: iterations are ints from 1 (the first backward)")
+    return kept, np.array(keys, dtype=np.int64)

@@ -32,6 +32,10 @@ class Findings:
         found = self._of.get(key)
         return found is not None and found[0] == version
 
+    def known(self, rank: int, content: Hashable) -> bool:
+        """Whether an iteration of ``rank`` with this content was analysed already."""
+        return content in self._memo.get(rank, ())
+
     def put(
         self,
         key: Key,

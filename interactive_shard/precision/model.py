@@ -372,6 +372,9 @@ class PrecisionModel(ShowsView):
         return len(self._findings)
 
     def _check(self, rank: int, iteration: int) -> None:
+        """Bring the findings of (rank, iteration) up to date. An iteration whose batches
+        say what an earlier one's said (compared undecoded, ``Batches.raw_key``) gets its
+        findings without being decoded: a long run's iterations repeat one another."""
         here = self._ranks[rank]
         failed = tuple(
             (f.unit, f.consumer, f.message) for f in here.failures if f.iteration == iteration
@@ -379,9 +382,12 @@ class PrecisionModel(ShowsView):
         version: Hashable = (here.batches.version(iteration), failed, len(here.unknown))
         if self._findings.current((rank, iteration), version):
             return
-        found = self._read(rank, iteration)
-        content = (found.key(), failed, tuple(here.unknown), id(here.watch))
-        version = (here.batches.version(iteration), failed, len(here.unknown))
+        raw = here.batches.raw_key(iteration)
+        content: Hashable = (raw, failed, tuple(here.unknown), id(here.watch))
+        if raw is None or not self._findings.known(rank, content):
+            self._read(rank, iteration)  # may name units the watch did not
+            content = (raw, failed, tuple(here.unknown), id(here.watch))
+            version = (here.batches.version(iteration), failed, len(here.unknown))
         self._findings.put(
             (rank, iteration), version, content, lambda: self._drafts(rank, iteration)
         )

@@ -17,24 +17,17 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from interactive_shard.precision.analysis import describe_policy
-from interactive_shard.precision.compare import Plan, differing_phases, short
-from interactive_shard.precision.events import PHASES, Unit
+from interactive_shard.precision import _view_text
+from interactive_shard.precision.compare import Plan
+from interactive_shard.precision.events import Unit
 from interactive_shard.precision.figures import (
-    DIFF,
-    DTYPE_COLORS,
-    dtype_class,
     figure_grid,
-    planned_dtypes,
     report_figures,
     unit_label,
 )
 from interactive_shard.precision.figures_bytes import (
-    LEVEL_COLORS,
     figure_bytes,
     figure_collectives,
-    fix_text,
-    fmt_bytes,
 )
 from interactive_shard.precision.model import PrecisionModel
 from interactive_shard.ui import live
@@ -43,8 +36,6 @@ from interactive_shard.ui.controls import Panels, swap_figure
 __all__ = ["PrecisionView", "report_figures"]
 
 LATEST = 0  # iteration selector value that follows the newest iteration
-MAX_FINDINGS = 30  # listed in the widget; all are in PrecisionModel.findings
-MAX_FAILED = 20  # failed iterations named next to the iteration selector
 
 
 class PrecisionView(Panels, live.LazyWidget):
@@ -129,130 +120,19 @@ class PrecisionView(Panels, live.LazyWidget):
     def unit_text(self) -> str:
         """The selected unit in HTML: policy, dtypes per phase (planned next to observed),
         inputs cast or passed through, collectives with dtype and bytes."""
-        fqn = self.unit
-        u = None if fqn is None else self.model.unit(fqn, rank=self.rank)
-        if u is None:
-            return ""
-        r, it = self.rank, self.iteration
-        observed = self.model.observed(u.fqn, rank=r, iteration=it)
-        planned = planned_dtypes(self.plan).get(u.fqn)
-        differ = set(differing_phases(planned, observed)) if planned is not None else set()
-        head = (
-            f"<b>{html.escape(u.fqn or 'root')}</b> ({html.escape(u.module_type)}) · parent "
-            f"{html.escape(_name(u.parent))} · {len(u.params)} parameter(s), {u.numel:,} elements "
-            f"stored in {html.escape(short(', '.join(dict.fromkeys(u.param_dtypes))) or '—')}"
-            f"<br><b>policy</b>: <code>{html.escape(describe_policy(u.policy))}</code>"
-        )
-        rows = "".join(
-            f"<tr><td>{p}</td>"
-            + (f"<td>{_chip(planned.get(p))}</td>" if planned is not None else "")
-            + f"<td>{_chip(observed.get(p), p in differ)}</td></tr>"
-            for p in PHASES
-        )
-        plan_head = "<th>planned</th>" if planned is not None else ""
-        table = (
-            f"<table><tr><th>phase</th>{plan_head}<th>observed (rank {r}, iteration {it})</th>"
-            f"</tr>{rows}</table>"
-        )
-        inputs = self.model.inputs(u.fqn, rank=r, iteration=it)
-        ins = "".join(
-            f"<li>input {i}: {_chip(b)} → {_chip(a)} · "
-            + ("<b>cast</b>" if c else "passed through (the same tensor)")
-            + "</li>"
-            for i, (b, a, c) in enumerate(inputs)
-        )
-        found = self.model.collectives(u.fqn, rank=r, iteration=it)
-        colls = "".join(
-            f"<tr><td>{c.op}</td><td>{'backward' if c.backward else 'forward'}</td>"
-            f"<td>{_chip(c.dtype)}</td><td>{fmt_bytes(c.nbytes)}</td></tr>"
-            for c in found
-        )
-        parts = [head, table]
-        parts.append(f"<b>inputs</b><ul>{ins}</ul>" if ins else "<b>inputs</b>: none seen")
-        parts.append(
-            "<b>collectives</b> (bytes this rank sent)<table><tr><th>op</th><th>when</th>"
-            f"<th>dtype</th><th>bytes</th></tr>{colls}</table>"
-            if colls
-            else "<b>collectives</b>: none seen"
-        )
-        failed = [f for f in self.model.failures if f.rank == r and f.unit == u.fqn]
-        for f in failed:
-            parts.append(
-                f"<span style='color:{DIFF}'><b>failed</b> in iteration {f.iteration}, in "
-                f"<code>{html.escape(f.consumer)}</code>: {html.escape(f.message)}</span>"
-            )
-        return "<br>".join(parts)
+        return _view_text.unit_text(self)
 
     def findings_text(self) -> str:
-        """Observed failures and findings with their fixes, and the plan's predicted ones.
+        """Observed failures and findings with their fixes, and the plan's predicted ones
+        (on a long run, those of the iterations read so far)."""
+        return _view_text.findings_text(self)
 
-        On a long run, those of the iterations read so far: every rank's first and latest,
-        the one shown and those that failed (``run.precision.findings`` reads them all)."""
-        items = []
-        m = self.model
-        also = [(f.rank, f.iteration) for f in m.failures]
-        for r in m.ranks:
-            also += [(r, 1), (r, m.latest(r) or 1), (r, self.iteration)]
-        findings = m.findings_read(also)
-        for f in findings[:MAX_FINDINGS]:
-            color = LEVEL_COLORS.get(f.level, "#999999")
-            where = f"rank(s) {', '.join(map(str, f.ranks))}"
-            items.append(
-                f"<li><b style='color:{color}'>{f.level} · {f.kind}</b> at "
-                f"<b>{html.escape(_name(f.unit))}</b> ({where}): {html.escape(f.message)}"
-                f"<br><i>fix</i>: {html.escape(f.fix)}</li>"
-            )
-        if len(findings) > MAX_FINDINGS:
-            items.append(
-                f"<li>… {len(findings) - MAX_FINDINGS} more: see "
-                "<code>run.precision.findings</code></li>"
-            )
-        plan = self.plan
-        for p in plan.failures if plan is not None else ():
-            items.append(
-                f"<li><b style='color:{LEVEL_COLORS['planned']}'>predicted failure</b> at "
-                f"<b>{html.escape(_name(p.unit))}</b>, in <code>{html.escape(p.consumer)}</code>:"
-                f" {html.escape(p.message).replace(chr(10), '<br>')}<br><i>fix</i>: "
-                f"{html.escape(getattr(p, 'fix_note', '') or '')} <code>"
-                f"{html.escape(fix_text(getattr(p, 'fix', None)))}</code></li>"
-            )
-        total = sum(m.latest(r) or 0 for r in m.ranks)
-        read = m.findings_count
-        partial = (
-            f" <i>(from {read:,} of {total:,} rank-iterations read: the first, latest, shown "
-            "and failed ones; <code>run.precision.findings</code> reads them all)</i>"
-            if read < total
-            else ""
-        )
-        if not items:
-            return f"<b>Findings:</b> none.{partial}"
-        return f"<b>Findings: {len(items)}</b>{partial}<ul>{''.join(items)}</ul>"
+    def iteration_text(self) -> str:
+        """Next to the iteration selector: what 0 means, the latest, the failed ones."""
+        return _view_text.iteration_text(self)
 
     def _status(self) -> str:
-        ranks = self.model.ranks
-        if not ranks:
-            return (
-                "<i>Waiting for <code>ish.watch(model)</code> on the ranks (an FSDP2 or FSDP1 "
-                "root, or DDP with mixed_precision=)…</i>"
-            )
-        units = self.model.units(self.rank)
-        parts = [
-            f"<b>{self.model.wrapper(self.rank)}</b> · {len(units)} unit(s) · world size "
-            f"{self.model.world_size} · {self.model.latest() or 0} iteration(s)"
-        ]
-        failed = self.model.failures
-        if failed:
-            parts.append(f"<span style='color:{DIFF}'>{len(failed)} failure(s)</span>")
-        if self.plan is not None:
-            n = len(self.differences())
-            parts.append(
-                f"<span style='color:{DIFF}'>{n} difference(s) from the plan</span>"
-                if n
-                else "observed = planned"
-            )
-        if self.model.skipped:
-            parts.append(f"{self.model.skipped} malformed event(s) skipped")
-        return " · ".join(parts)
+        return _view_text.status(self)
 
     # -- widgets ---------------------------------------------------------------------------
     def _build(self) -> None:
@@ -315,16 +195,6 @@ class PrecisionView(Panels, live.LazyWidget):
     def _iteration_max(self) -> int:
         return max(self.model.latest() or 1, self.chosen_iteration)
 
-    def iteration_text(self) -> str:
-        """Next to the iteration selector: what 0 means, the range, the failed ones."""
-        latest = self.model.latest(self.rank) or 0
-        failed = sorted({f.iteration for f in self.model.failures if f.rank == self.rank})
-        shown = ", ".join(map(str, failed[:MAX_FAILED])) + ("…" if len(failed) > MAX_FAILED else "")
-        parts = [f"0 = latest ({latest})" if latest else "0 = latest (none yet)"]
-        if failed:
-            parts.append(f"<span style='color:{DIFF}'>failed: {shown}</span>")
-        return " · ".join(parts)
-
     def _unit_options(self) -> list[tuple[str, str | None]]:
         units = self.model.units(self.rank)
         if not units:
@@ -364,7 +234,7 @@ class PrecisionView(Panels, live.LazyWidget):
         # mostly repeat one another, and then a figure only gets its new title.
         shown = (rank, self.model.content(rank, it))
         self.status_html.value = self._status()
-        self.differences_html.value = _differences_html(self.differences(), plan)
+        self.differences_html.value = _view_text.differences_html(self.differences(), plan)
         self.findings_html.value = self.findings_text()
         self._draw(self.bytes_figure, shown, figure_bytes(self.model, rank=rank, iteration=it))
         fig = figure_collectives(self.model, rank=rank, iteration=it)
@@ -409,36 +279,8 @@ class PrecisionView(Panels, live.LazyWidget):
             self.iteration_html.value = text
 
 
-def _name(fqn: str | None) -> str:
-    return "—" if fqn is None else "root" if fqn == "" else fqn
-
-
 def _label(model: PrecisionModel, u: Unit, rank: int) -> str:
     return unit_label(u, model.depth(u.fqn, rank=rank))
-
-
-def _chip(dtype: str | None, differs: bool = False) -> str:
-    """A dtype as a coloured chip (HTML), outlined red when it differs from the plan."""
-    if not dtype:
-        return "<span style='color:#999'>—</span>"
-    color = DTYPE_COLORS[dtype_class(dtype) or "other"]
-    outline = f"outline:3px solid {DIFF};" if differs else ""
-    return (
-        f"<span style='background:{color};color:white;padding:1px 6px;border-radius:3px;"
-        f"{outline}' title='{html.escape(dtype)}'>{html.escape(short(dtype))}</span>"
-    )
-
-
-def _differences_html(lines: list[str], plan: Plan | None) -> str:
-    if plan is None:
-        return (
-            "<i>No plan: <code>view.set_plan(ish.plan_precision(model, policies))</code> "
-            "compares every unit and phase.</i>"
-        )
-    if not lines:
-        return "<b>observed = planned</b>: every unit and phase both have, and the failures."
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-    return f"<b style='color:{DIFF}'>{len(lines)} difference(s)</b><ul>{items}</ul>"
 
 
 def _heading(text: str) -> widgets.HTML:

@@ -20,13 +20,14 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from interactive_shard.splits._drawing import figure, lane_rect, outline, rect
 from interactive_shard.splits.events import Call, Partition, SplitCompile
 from interactive_shard.splits.model import SplitsModel
 from interactive_shard.splits.plan import MIB
-from interactive_shard.ui.colors import PALETTE, key_color
+from interactive_shard.ui.colors import key_color
 
 DIFF = "#FF0000"  # pure red: not in PALETTE (as the bucket map's differences)
-CALL_COLOR, LANE_FILL, SELECTED = "#444444", "rgba(0,0,0,0.045)", PALETTE[0]
+CALL_COLOR = "#444444"
 ROW_PX, MIN_HEIGHT, MAX_HEIGHT = 18, 320, 1400
 TOP_PX, BOTTOM_PX = 135, 60  # three title lines and the lane headers; the legend
 MAX_NAMED_LANES = 10  # more lanes: numbered headers (the hover names each partition)
@@ -216,16 +217,16 @@ def lanes_figure(comp: SplitCompile, *, rank: int = 0, selected: int | None = No
         _markers("leaves a region (◀)", exits, "triangle-left", exits["color"], 12),
     ]
     shapes = [
-        _lane_rect(lane, first, len(p.calls))
+        lane_rect(lane, first, len(p.calls))
         for lane, (p, first) in enumerate(zip(parts, starts, strict=True))
     ]
     for b in bands(parts):
         if b.last > b.first:  # the region across the lanes it spans
             color = key_color(b.label, labels)
-            shapes.append(_rect(b.first - 0.46, b.last + 0.46, b.start, b.end, color, 0.08, "dot"))
+            shapes.append(rect(b.first - 0.46, b.last + 0.46, b.start, b.end, color, 0.08, "dot"))
     for seg in segments(parts):  # inside each lane: exactly the calls that run in it
         shapes.append(
-            _rect(
+            rect(
                 seg.lane - 0.4,
                 seg.lane + 0.4,
                 seg.start,
@@ -236,7 +237,7 @@ def lanes_figure(comp: SplitCompile, *, rank: int = 0, selected: int | None = No
         )
     if selected is not None and 0 <= selected < len(parts):
         p = parts[selected]
-        shapes.append(_outline(selected, starts[selected], len(p.calls)))
+        shapes.append(outline(selected, starts[selected], len(p.calls)))
     for label in labels:  # the legend of the band colours
         traces.append(_legend_swatch(label, key_color(label, labels)))
     title = _lanes_title(comp, rank)
@@ -275,27 +276,6 @@ def _lane_ticks(parts: Sequence[Partition]) -> dict[str, Any]:
     every = math.ceil(len(parts) / MAX_NAMED_LANES)
     shown = list(range(0, len(parts), every))
     return {"tickmode": "array", "tickvals": shown, "ticktext": [str(i) for i in shown]}
-
-
-def figure(data: Sequence[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
-    """A figure from plain dicts, not validated property by property: validating costs
-    ten times the building (``test_splits_view`` validates every figure). The default
-    template goes in as a dict made once (plotly deep-copies it otherwise)."""
-    return go.Figure({"data": list(data), "layout": {**_template(), **layout}}, _validate=False)
-
-
-_TEMPLATES: dict[str, dict[str, Any]] = {}
-
-
-def _template() -> dict[str, Any]:
-    import plotly.io as pio
-
-    name = pio.templates.default
-    if not isinstance(name, str):  # None, or a Template object: plotly applies it
-        return {}
-    if name not in _TEMPLATES:
-        _TEMPLATES[name] = {"template": pio.templates[name].to_plotly_json()}
-    return _TEMPLATES[name]
 
 
 def title_at_top(text: str) -> dict[str, Any]:
@@ -359,51 +339,6 @@ def _legend_swatch(label: str, color: str) -> dict[str, Any]:
         marker={"symbol": "square", "size": 12, "color": color, "opacity": 0.4},
         hoverinfo="skip",
     )
-
-
-def _rect(
-    x0: float, x1: float, start: int, end: int, color: str, alpha: float, dash: str | None = None
-) -> dict[str, Any]:
-    return {
-        "type": "rect",
-        "xref": "x",
-        "yref": "y",
-        "x0": x0,
-        "x1": x1,
-        "y0": start - 0.45,
-        "y1": end + 0.45,
-        "fillcolor": color,
-        "opacity": alpha,
-        "line": {"width": 1, "color": color, "dash": dash} if dash else {"width": 0},
-        "layer": "below",
-        "name": "region",
-    }
-
-
-def _lane_rect(lane: int, first: int, n: int) -> dict[str, Any]:
-    return {
-        "type": "rect",
-        "x0": lane - 0.45,
-        "x1": lane + 0.45,
-        "y0": first - 0.5,
-        "y1": first + max(n, 1) - 0.5,
-        "fillcolor": LANE_FILL,
-        "line": {"width": 0},
-        "layer": "below",
-        "name": "lane",
-    }
-
-
-def _outline(lane: int, first: int, n: int) -> dict[str, Any]:
-    return {
-        "type": "rect",
-        "x0": lane - 0.48,
-        "x1": lane + 0.48,
-        "y0": first - 0.55,
-        "y1": first + max(n, 1) - 0.45,
-        "line": {"width": 2.5, "color": SELECTED},
-        "name": "selected",
-    }
 
 
 # -- figure: nothing compiled ---------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from interactive_shard.splits import _view_text
 from interactive_shard.splits.compare import compare_graph
 from interactive_shard.splits.events import Partition
 from interactive_shard.splits.figures import (
@@ -26,7 +27,7 @@ from interactive_shard.splits.figures import (
     plan_for,
     report_figures,
 )
-from interactive_shard.splits.figures_lanes import DIFF, fmt_bytes, short_target
+from interactive_shard.splits.figures_lanes import fmt_bytes
 from interactive_shard.splits.model import Compilation, SplitsModel
 from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, SplitPlanError
 from interactive_shard.ui import live
@@ -139,52 +140,14 @@ class SplitsView(Panels, live.LazyWidget):
 
     def what_if_text(self) -> str:
         """The what-if plan in words (HTML): how many partitions, their bytes; or why not."""
-        comp = self.compilation
-        if comp is None:
-            return ""
-        try:
-            plan = plan_for(self.model, self.rank, self._position(), **self._caps())
-        except (SplitPlanError, LookupError) as err:
-            return f"<span style='color:{DIFF}'><b>cannot plan:</b> {html.escape(str(err))}</span>"
-        sizes = ", ".join(fmt_bytes(p.nbytes) for p in plan.partitions)
-        cap = f"cap {fmt_bytes(plan.bucket_bytes_cap)} (first {fmt_bytes(plan.first_bucket_bytes)})"
-        head = "<b>what if</b> " if self.what_if else "at the compile's own "
-        more, fewer = len(plan.partitions), len(comp.partitions)
-        trade = (
-            "more pieces: more all-reduce overlaps backward, more graph breaks"
-            if more > fewer
-            else "fewer pieces: fewer graph breaks, less overlap"
-            if more < fewer
-            else "as many pieces as captured"
-        )
-        return (
-            f"{head}{cap}: <b>{more} partition(s)</b> [{sizes}] · captured {fewer} at cap "
-            f"{fmt_bytes(comp.bucket_bytes_cap)} · {trade}"
-        )
+        return _view_text.what_if_text(self)
 
     def partition_text(self) -> str:
-        comp, p = self.compilation, self.selected
-        if comp is None or p is None:
-            return ""
-        fqns = ", ".join(f"<code>{html.escape(f)}</code>" for f in p.fqns) or "none"
-        regions = "; ".join(html.escape(r.describe()) for r in p.regions) or "none"
-        reason = comp.break_reasons[p.index] if p.index < len(comp.break_reasons) else ""
-        calls = " → ".join(html.escape(short_target(c)) for c in p.calls)
-        rows = [
-            f"<b>{html.escape(p.name)}</b> (partition {p.index} of {len(comp.partitions)}) · "
-            f"{fmt_bytes(p.nbytes)} in {len(p.fqns)} parameter(s) · compiled by "
-            f"<code>{html.escape(comp.backend)}</code> in {p.compile_s:.3g} s",
-            f"<b>parameters</b> (as DDPOptimizer counted them): {fqns}",
-            f"<b>inputs</b>: {html.escape(', '.join(p.inputs)) or 'none'} · <b>outputs</b>: "
-            f"{html.escape(', '.join(p.outputs)) or 'none'}",
-            f"<b>regions</b>: {regions}",
-            f"<b>calls</b>: {calls or 'none'}",
-        ]
-        if p.extended:
-            rows.append(f"{p.extended} node(s) added past the cap so the bucket has an output")
-        if reason:
-            rows.append(f"<b>compile reason</b>: {html.escape(reason)}")
-        return "<br>".join(rows)
+        """The selected partition in HTML: parameters, inputs, outputs, regions, calls."""
+        return _view_text.partition_text(self)
+
+    def _status(self) -> str:
+        return _view_text.status(self)
 
     def _caps(self) -> dict[str, Any]:
         return {"bucket_cap_mb": self.cap_mb, "first_bucket_cap_mb": self.first_cap_mb}
@@ -195,32 +158,6 @@ class SplitsView(Panels, live.LazyWidget):
     def _selected_index(self) -> int:
         p = self.selected
         return p.index if p is not None else 0
-
-    def _status(self) -> str:
-        ranks = self.model.ranks
-        if not ranks:
-            return "<i>Waiting for <code>ish.watch(torch.compile(ddp))</code> on the ranks…</i>"
-        found = self.model.count(self.rank)
-        nothing = self.model.nothing(self.rank)
-        parts = [f"<b>rank {self.rank}</b>: {found} compile(s)"]
-        comp = self.compilation
-        if comp is None and self.index is not None:
-            parts.append(
-                f"<span style='color:{DIFF}'>compile at position {self.index} could not be "
-                "read (malformed)</span>"
-            )
-        if comp is not None:
-            parts.append(
-                f"compile {comp.index}: {len(comp.partitions)} partition(s), backend "
-                f"<code>{html.escape(comp.backend)}</code>, compiled in {comp.compile_s:.3g} s"
-            )
-        if nothing and not found:
-            parts.append(
-                f"<span style='color:{DIFF}'>nothing compiled: {html.escape(nothing)}</span>"
-            )
-        if self.model.skipped:
-            parts.append(f"{self.model.skipped} malformed event(s) skipped")
-        return " · ".join(parts)
 
     # -- widgets ---------------------------------------------------------------------------
     def _build(self) -> None:
@@ -400,7 +337,7 @@ class SplitsView(Panels, live.LazyWidget):
         if self._changed("compare", (*data, id(self.user_plan))):
             compare = figure_compare(self.model, self.rank, self._position(), plan=self.user_plan)
             self._draw(self.compare_figure, (*shown, id(self.user_plan)), compare)
-            self.differences_html.value = _differences_html(self.differences())
+            self.differences_html.value = _view_text.differences_html(self.differences())
         what_if = (*data, self.cap_mb, self.first_cap_mb)
         if self._changed("what_if", what_if):
             position = self._position()
@@ -436,13 +373,6 @@ class SplitsView(Panels, live.LazyWidget):
                 (self.partition_selector, self._partition_options(), self._selected_index()),
             )
         )
-
-
-def _differences_html(lines: list[str]) -> str:
-    if not lines:
-        return "<b>captured = planned</b>: every partition's parameters, bytes, calls and regions."
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-    return f"<b style='color:{DIFF}'>{len(lines)} difference(s)</b><ul>{items}</ul>"
 
 
 def _heading(text: str) -> widgets.HTML:

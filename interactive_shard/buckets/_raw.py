@@ -20,15 +20,19 @@ probe sends a rank's events in iteration order, so a rank's events older than on
 an earlier iteration cannot belong to a later one. Past ``WALK`` the rest is indexed.
 
 Caveats: the walk relies on a rank's iterations never decreasing from event to event
-(the probe counts forwards; watching again supersedes the rank's earlier events, which
-``BucketMap`` indexes first). A stream that breaks this (a hostile one) may have a
-bucket not found by the walk; the indexed accessors (``BucketMap.iterations``) see all.
-An event whose iteration cannot be read is skipped and counted when it is indexed.
+(the probe sends an iteration's events at the end of its backward, and counts
+forwards; watching again supersedes the rank's earlier events, which ``BucketMap``
+indexes first). Indexing checks it (``ordered``): once a rank's iterations went down,
+every lookup indexes first. Until then a stream that breaks it (a hostile one, or a
+synthetic one whose reductions outlast the next iteration's start) may have a bucket
+not found by a walk; the indexed accessors (``BucketMap.iterations``) see all. An event
+whose iteration cannot be read is skipped and counted when it is indexed.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import operator
 from collections.abc import Callable, Collection
 from typing import Any
@@ -36,6 +40,8 @@ from typing import Any
 import numpy as np
 
 from interactive_shard.telemetry.schema import MAX_WORLD_SIZE, Event
+
+log = logging.getLogger("interactive_shard.buckets.model")
 
 PAYLOAD = operator.attrgetter("payload")
 RANK = operator.attrgetter("rank")
@@ -58,6 +64,10 @@ class RawEvents:
         self._ranks = np.empty(256, dtype=np.int64)
         self._alive = np.ones(256, dtype=bool)
         self.ranks: set[int] = set()  # of the indexed events, alive or not
+        # Walks assume a rank's iterations never decrease; indexing checks it, and once
+        # it found them decreasing, every lookup indexes first.
+        self.ordered = True
+        self._last: dict[int, int] = {}  # rank -> iteration of its last indexed event
 
     def __len__(self) -> int:
         return len(self.events)
@@ -102,7 +112,34 @@ class RawEvents:
         self._alive[start:end] = True
         self.indexed = end
         self.ranks.update(np.unique(ranks).tolist())
+        if self.ordered and not self._in_order(iterations, ranks):
+            self.ordered = False
+            log.warning(
+                "%s events: a rank's iterations went down (events out of order); "
+                "every lookup reads them all from now on",
+                self.events[start].kind,
+            )
         return iterations
+
+    def _in_order(self, iterations: np.ndarray, ranks: np.ndarray) -> bool:
+        """Per rank, the new iterations never decrease, nor fall below the last ones."""
+        by_rank = np.argsort(ranks, kind="stable")
+        ranks, iterations = ranks[by_rank], iterations[by_rank]
+        same = ranks[1:] == ranks[:-1]
+        if np.any(iterations[1:][same] < iterations[:-1][same]):
+            return False
+        starts = np.flatnonzero(np.concatenate(([True], ~same)))
+        ends = np.concatenate((starts[1:], [len(ranks)])) - 1
+        ok = True
+        for rank, first, last in zip(
+            ranks[starts].tolist(),
+            iterations[starts].tolist(),
+            iterations[ends].tolist(),
+            strict=True,
+        ):
+            ok &= first >= self._last.get(rank, 0)
+            self._last[rank] = last
+        return ok
 
     def positions(self, iteration: int, rank: int | None = None) -> list[int]:
         """Where the live indexed events of ``iteration`` (of ``rank``) are, in order."""
@@ -115,6 +152,7 @@ class RawEvents:
         """Mark ``rank``'s events superseded (its ``ddp_watch`` came again)."""
         self.index()
         self.alive[self.rank_column == rank] = False
+        self._last[rank] = 0  # its iterations count from 1 again
 
     def newest(self, ranks: Collection[int]) -> int | None:
         """The highest iteration of the events not indexed yet: walked back from the
@@ -122,6 +160,9 @@ class RawEvents:
         None when every event is indexed."""
         if self.indexed == len(self.events):
             return None
+        if not self.ordered:
+            tail = self.index()
+            return int(tail.max()) if len(tail) else None
         wanted, seen, top = set(ranks), set(), 0
         for e in self._walk():
             if e is None:  # too far back, or an unreadable event: index them
@@ -140,6 +181,8 @@ class RawEvents:
         first, found walking back from the newest: at the first event of ``rank`` of an
         earlier iteration the rest are older still. None when the walk went too far
         (the caller indexes them)."""
+        if not self.ordered:
+            return None
         found: list[Event] = []
         position = len(self.events)
         for e in self._walk():

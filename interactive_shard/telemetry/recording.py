@@ -84,7 +84,7 @@ def save(store: RunStore, path: str | os.PathLike[str], results: list[Any] | Non
     world_size = store.info.world_size
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with tmp.open("wb") as f:
+        with tmp.open("wb") as f, paused():  # Note [Pausing the collector's GC]
             f.write(header)
             for index, event in enumerate(store.events()):
                 f.write(_event_line(event, index, world_size, path))

@@ -112,7 +112,9 @@ def timed_updates(classes: dict[str, type], timings: Timings) -> Iterator[None]:
     """Time ``update()`` of every instance of ``classes`` (outermost calls only: a model's
     own accessors call it again), restored afterwards. On the class, not the instance:
     the monitor's view builds its own model."""
-    saved = {name: cls.__dict__["update"] for name, cls in classes.items()}
+    # The class's own update, or None when it inherits one (put back by deleting ours).
+    own = {name: cls.__dict__.get("update") for name, cls in classes.items()}
+    saved = {name: cls.update for name, cls in classes.items()}  # type: ignore[attr-defined]
     depth = collections.Counter[str]()
 
     def wrap(name: str, update: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -136,7 +138,10 @@ def timed_updates(classes: dict[str, type], timings: Timings) -> Iterator[None]:
         yield
     finally:
         for name, cls in classes.items():
-            cls.update = saved[name]  # type: ignore[attr-defined]
+            if own[name] is None:
+                del cls.update  # type: ignore[attr-defined]
+            else:
+                cls.update = own[name]  # type: ignore[attr-defined]
 
 
 def stream(

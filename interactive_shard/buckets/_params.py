@@ -120,7 +120,7 @@ def collect_params(
     if isinstance(source, nn.Module):
         return [_tensor_info(r.fqn, r.param, r.sparse_grad) for r in reducer_params(source, ignore)]
     pairs = source if isinstance(source, list) else list(source)
-    fast = _plain_tensor_pairs(pairs)
+    fast = _common_pairs(pairs)
     if fast is not None:
         return fast
     infos: list[ParamInfo] = []
@@ -155,42 +155,40 @@ def collect_params(
 _PLAIN_TENSORS = frozenset({torch.Tensor, nn.Parameter})
 
 
-def _plain_tensor_pairs(pairs: list[Any]) -> list[ParamInfo] | None:
-    """``collect_params`` of ``(str, Tensor | Parameter)`` pairs, distinct tensors, none
-    sparse: one C-level ``map`` per field instead of a Python step per parameter (a
-    third of the time at 10,000 parameters). None when any of that does not hold: the
-    loop then checks each pair and says which is wrong."""
+def _common_pairs(pairs: list[Any]) -> list[ParamInfo] | None:
+    """``collect_params`` of the common input, in one tight loop: ``(str, Tensor)``
+    pairs or ``(str, ParamSpec)`` pairs, none sparse, each tensor once, each name once.
+    One pass touches each tensor once (torch attributes are the cost; a ``map`` per
+    field read each tensor ten times, slower). None when any of that does not hold:
+    the checking loop then says which pair is wrong."""
     if not pairs or set(map(type, pairs)) != {tuple} or set(map(len, pairs)) != {2}:
         return None
     names, values = zip(*pairs, strict=True)
-    if set(map(type, names)) != {str} or not set(map(type, values)) <= _PLAIN_TENSORS:
+    kinds = set(map(type, values))
+    if set(map(type, names)) != {str} or len(set(names)) != len(names):
         return None
-    if len(set(map(id, values))) != len(values) or any(map(_SPARSE, values)):
+    infos: list[ParamInfo] = []
+    append, itemsize, make = infos.append, _ITEMSIZE, _make_info
+    if kinds == {ParamSpec}:
+        for fqn, spec in pairs:
+            dtype, numel = spec.dtype, math.prod(spec.shape)
+            size = itemsize.get(dtype) or itemsize.setdefault(dtype, dtype.itemsize)
+            sparse = spec.sparse_grad
+            append(make((fqn, spec.shape, dtype, spec.device, numel, numel * size, sparse)))
+        return infos
+    if not kinds <= _PLAIN_TENSORS or len(set(map(id, values))) != len(values):
         return None
-    if not all(map(_REQUIRES_GRAD, values)):  # frozen Parameters are left out
-        kept = [(n, v) for n, v in pairs if v.requires_grad or not _is_parameter(v)]
-        if len(kept) != len(pairs):
-            return _plain_tensor_pairs(kept) if kept else []
-    dtypes = list(map(_DTYPE, values))
-    for dtype in set(dtypes):
-        _ITEMSIZE.setdefault(dtype, dtype.itemsize)
-    numels = list(map(torch.Tensor.numel, values))
-    nbytes = map(operator.mul, numels, map(_ITEMSIZE.__getitem__, dtypes))
-    shapes = map(tuple, map(_SHAPE, values))
-    columns = zip(
-        names, shapes, dtypes, map(_DEVICE, values), numels, nbytes, itertools.repeat(False)
-    )
-    infos = list(map(_make_info, columns))
-    if len(set(names)) != len(names):
-        return None  # the loop names the duplicates
+    parameter = nn.Parameter
+    for fqn, t in pairs:
+        # Frozen (DDP leaves it out): _is_parameter inlined for the two types allowed here.
+        if not t.requires_grad and (type(t) is parameter or getattr(t, "_is_param", False)):
+            continue
+        if t.is_sparse:
+            return None
+        numel, dtype = t.numel(), t.dtype
+        size = itemsize.get(dtype) or itemsize.setdefault(dtype, dtype.itemsize)
+        append(make((fqn, tuple(t.shape), dtype, t.device, numel, numel * size, False)))
     return infos
-
-
-_SPARSE = operator.attrgetter("is_sparse")
-_REQUIRES_GRAD = operator.attrgetter("requires_grad")
-_DTYPE = operator.attrgetter("dtype")
-_SHAPE = operator.attrgetter("shape")
-_DEVICE = operator.attrgetter("device")
 
 
 class ReducerParam(NamedTuple):
@@ -315,15 +313,18 @@ def resolve_ready_order(
 ) -> tuple[list[str], ReadyOrderSource, list[str]]:
     """The rebuild's ready order; ``ignore``: DDP keys of the delayed parameters, which
     may be in a given ``ready_order`` (they are dropped: DDP does not record them)."""
-    fqns = [p.fqn for p in params]
+    fqns = list(map(operator.itemgetter(0), params))  # ParamInfo.fqn
     if ready_order is not None and example_inputs is not None:
         raise ValueError("pass ready_order or example_inputs, not both")
     if ready_order is not None:
-        if isinstance(ready_order, str) or not all(isinstance(f, str) for f in ready_order):
+        strings = all(map(isinstance, ready_order, itertools.repeat(str)))
+        if isinstance(ready_order, str) or not strings:
             raise TypeError(f"ready_order must be a list of fqn strings, got {ready_order!r:.80}")
         left_out = {key_fqn(k) for k in ignore} - set(fqns)
-        given = [f for f in ready_order if f not in left_out]
+        given = [f for f in ready_order if f not in left_out] if left_out else list(ready_order)
         known, listed = set(fqns), set(given)
+        if len(given) == len(fqns) == len(listed) and listed == known:  # each once: C loops
+            return given, ReadyOrderSource.GIVEN, []
         problems = {
             "unknown": [f for f in dict.fromkeys(given) if f not in known],
             "duplicated": [f for f, n in Counter(given).items() if n > 1],

@@ -29,6 +29,7 @@ __all__ = [
     "dtype_class",
     "figure",
     "figure_grid",
+    "grid_parts",
     "planned_dtypes",
     "report_figures",
     "unit_label",
@@ -130,6 +131,9 @@ def _heatmap(
     }
 
 
+Parts = tuple[list[dict[str, Any]], dict[str, Any]]  # a figure's traces and layout, as dicts
+
+
 def figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
     """A figure from plain dicts, not validated property by property: validating costs
     ten times the building, and these dicts are the ones the tests validate
@@ -175,20 +179,19 @@ def _side(trace: dict[str, Any], col: int) -> dict[str, Any]:
     return trace
 
 
-def figure_grid(
+def grid_parts(
     model: PrecisionModel,
     *,
     rank: int = 0,
     iteration: int | None = None,
     plan: Plan | None = None,
     selected: str | None = None,
-) -> go.Figure:
-    """The unit tree × phases of ``rank`` at ``iteration`` (None: its latest); with a
-    plan, planned (left) next to observed (right), differing cells outlined red."""
+) -> Parts:
+    """``figure_grid``'s traces and layout."""
     units = model.units(rank)
     it = iteration if iteration is not None else model.latest(rank) or 1
     if not units:
-        return figure([], {"title": {"text": "No mixed-precision data yet"}, "height": 200})
+        return [], {"title": {"text": "No mixed-precision data yet"}, "height": 200}
     rows = [(u, unit_label(u, model.depth(u.fqn, rank=rank))) for u in units]
     label_of = {u.fqn: label for u, label in rows}
     observed = {u.fqn: model.observed(u.fqn, rank=rank, iteration=it) for u in units}
@@ -335,7 +338,20 @@ def figure_grid(
             }
             for text, x in (("planned", 0.2425), ("observed", 0.7575))
         ]
-    return figure(data, layout)
+    return data, layout
+
+
+def figure_grid(
+    model: PrecisionModel,
+    *,
+    rank: int = 0,
+    iteration: int | None = None,
+    plan: Plan | None = None,
+    selected: str | None = None,
+) -> go.Figure:
+    """The unit tree × phases of ``rank`` at ``iteration`` (None: its latest); with a
+    plan, planned (left) next to observed (right), differing cells outlined red."""
+    return figure(*grid_parts(model, rank=rank, iteration=iteration, plan=plan, selected=selected))
 
 
 def report_figures(model: PrecisionModel) -> list[go.Figure]:

@@ -22,13 +22,22 @@ from interactive_shard.precision.compare import Plan, short
 from interactive_shard.precision.figures import (
     DIFF,
     DTYPE_COLORS,
+    Parts,
     dtype_class,
     figure,
     unit_label,
 )
 from interactive_shard.precision.model import PrecisionModel
 
-__all__ = ["figure_bytes", "figure_collectives", "figure_findings", "fix_text", "fmt_bytes"]
+__all__ = [
+    "bytes_parts",
+    "collectives_parts",
+    "figure_bytes",
+    "figure_collectives",
+    "figure_findings",
+    "fix_text",
+    "fmt_bytes",
+]
 
 PATTERNS = {"sharded_param": "", "param": "/", "sharded_grad": "."}
 LEVEL_COLORS = {"error": DIFF, "warning": "#E69F00", "note": "#0072B2", "planned": "#CC79A7"}
@@ -50,14 +59,12 @@ def _labels(model: PrecisionModel, rank: int) -> dict[str, str]:
     return {u.fqn: unit_label(u, model.depth(u.fqn, rank=rank)) for u in model.units(rank)}
 
 
-def figure_bytes(
-    model: PrecisionModel, *, rank: int = 0, iteration: int | None = None
-) -> go.Figure:
-    """Bytes held per unit and in total on ``rank``, stacked by category and dtype."""
+def bytes_parts(model: PrecisionModel, *, rank: int = 0, iteration: int | None = None) -> Parts:
+    """``figure_bytes``' traces and layout."""
     held = model.bytes_held(rank=rank, iteration=iteration)
     it = iteration if iteration is not None else model.latest(rank) or 1
     if not held:
-        return figure([], {"title": {"text": "No parameters reported yet"}, "height": 200})
+        return [], {"title": {"text": "No parameters reported yet"}, "height": 200}
     wrapper = model.wrapper(rank)
     labels = _labels(model, rank)
     total = model.total_bytes(rank=rank, iteration=iteration)
@@ -132,17 +139,24 @@ def figure_bytes(
         "legend": {"orientation": "h", "y": -0.25},
         "margin": {"t": 80, "b": 40},
     }
-    return figure(data, layout)
+    return data, layout
 
 
-def figure_collectives(
+def figure_bytes(
     model: PrecisionModel, *, rank: int = 0, iteration: int | None = None
 ) -> go.Figure:
-    """Each unit's collectives of ``iteration`` on ``rank``: bytes sent, by op and dtype."""
+    """Bytes held per unit and in total on ``rank``, stacked by category and dtype."""
+    return figure(*bytes_parts(model, rank=rank, iteration=iteration))
+
+
+def collectives_parts(
+    model: PrecisionModel, *, rank: int = 0, iteration: int | None = None
+) -> Parts:
+    """``figure_collectives``' traces and layout."""
     it = iteration if iteration is not None else model.latest(rank) or 1
     found = model.collectives(rank=rank, iteration=it)
     if not found:
-        return figure([], {"title": {"text": "No collectives reported yet"}, "height": 200})
+        return [], {"title": {"text": "No collectives reported yet"}, "height": 200}
     labels = _labels(model, rank)
     order = {fqn: i for i, fqn in enumerate(labels)}
     found = sorted(found, key=lambda c: order.get(c.unit, len(order)))
@@ -186,7 +200,14 @@ def figure_collectives(
         "margin": {"t": 80, "b": 60},
         "xaxis": {"tickangle": 0},
     }
-    return figure(data, layout)
+    return data, layout
+
+
+def figure_collectives(
+    model: PrecisionModel, *, rank: int = 0, iteration: int | None = None
+) -> go.Figure:
+    """Each unit's collectives of ``iteration`` on ``rank``: bytes sent, by op and dtype."""
+    return figure(*collectives_parts(model, rank=rank, iteration=iteration))
 
 
 def fix_text(fix: object) -> str:

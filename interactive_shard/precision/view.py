@@ -21,14 +21,13 @@ from interactive_shard.precision import _view_text
 from interactive_shard.precision.compare import Plan
 from interactive_shard.precision.events import Unit
 from interactive_shard.precision.figures import (
-    figure_grid,
+    Parts,
+    figure,
+    grid_parts,
     report_figures,
     unit_label,
 )
-from interactive_shard.precision.figures_bytes import (
-    figure_bytes,
-    figure_collectives,
-)
+from interactive_shard.precision.figures_bytes import bytes_parts, collectives_parts
 from interactive_shard.precision.model import PrecisionModel
 from interactive_shard.ui import live
 from interactive_shard.ui.controls import Panels, swap_figure
@@ -236,23 +235,24 @@ class PrecisionView(Panels, live.LazyWidget):
         self.status_html.value = self._status()
         self.differences_html.value = _view_text.differences_html(self.differences(), plan)
         self.findings_html.value = self.findings_text()
-        self._draw(self.bytes_figure, shown, figure_bytes(self.model, rank=rank, iteration=it))
-        fig = figure_collectives(self.model, rank=rank, iteration=it)
-        self._draw(self.collectives_figure, shown, fig)
-        fig = figure_grid(self.model, rank=rank, iteration=it, plan=plan, selected=self.unit)
-        if self._draw(self.grid_figure, (*shown, id(plan), self.unit), fig):
+        self._draw(self.bytes_figure, shown, bytes_parts(self.model, rank=rank, iteration=it))
+        parts = collectives_parts(self.model, rank=rank, iteration=it)
+        self._draw(self.collectives_figure, shown, parts)
+        parts = grid_parts(self.model, rank=rank, iteration=it, plan=plan, selected=self.unit)
+        if self._draw(self.grid_figure, (*shown, id(plan), self.unit), parts):
             for trace in self.grid_figure.data:  # new traces: the click goes to each again
                 if trace.type == "heatmap":
                     trace.on_click(self._on_grid_click)
         self.unit_html.value = self.unit_text()
 
-    def _draw(self, target: go.FigureWidget, key: tuple[Any, ...], fig: go.Figure) -> bool:
-        """Swap ``fig`` into ``target`` unless it shows what ``key`` says ``target`` shows
-        already; then only its title changes. True when swapped."""
+    def _draw(self, target: go.FigureWidget, key: tuple[Any, ...], parts: Parts) -> bool:
+        """Swap the figure of ``parts`` into ``target`` unless it shows what ``key`` says
+        ``target`` shows already; then only its title changes (no figure is built). True
+        when swapped."""
         if self._changed(f"figure {id(target)}", key):
-            swap_figure(target, fig)
+            swap_figure(target, figure(*parts))
             return True
-        title = fig.layout.title.text
+        title = parts[1].get("title", {}).get("text")
         if target.layout.title.text != title:
             target.layout.title.text = title
         return False

@@ -352,9 +352,7 @@ def test_selectors_choose_iteration_and_rank(mlp_map: BucketMap) -> None:
     assert "iteration 1 · rank 1" in view.map_figure.layout.title.text
 
 
-def test_refresh_follows_a_live_run_and_skips_needless_redraws(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_refresh_follows_a_live_run_and_skips_needless_redraws() -> None:
     run = FakeRun(mlp_params(3, 16), bucket_cap_mb=0.002, iterations=3)
     events = run.events()
     bm = make_map(run, events=[e for e in events if e.kind == DdpWatch.KIND])

@@ -27,7 +27,7 @@ from interactive_shard.buckets.records import IterationRecord, WatchInfo
 from interactive_shard.telemetry.schema import Event
 
 Decode = Callable[[list[Event]], list[IterationRecord | None]]
-CHUNK = 1024  # records per step when looking with a time budget
+CHUNK = 512  # records per step when looking with a time budget
 
 
 class Health:

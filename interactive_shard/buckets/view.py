@@ -47,7 +47,7 @@ MAX_FINDINGS = 20  # listed in the widget; all are in BucketMap.health
 # Health work per refresh with new events: a burst of 100k events holds 50k records to
 # compare across ranks (~100 ms); a poller looks at the rest between ticks, and the list
 # says how far it got.
-HEALTH_BUDGET_S = 0.010
+HEALTH_BUDGET_S = 0.005
 
 
 class BucketMapView(live.LazyWidget):

@@ -282,8 +282,8 @@ class BucketMapView(live.LazyWidget):
             self._timeline.draw(bucket_timeline_spec(self.model, iteration, self.rank))
 
     def _health_done(self) -> bool:
-        """The poller's question; ``ui.live`` refreshes the view (one more budgeted step
-        of the health check) after each ask, until this is True."""
+        """The poller's question, asked between ticks until it says True: one more
+        budgeted step of the health check (the tick after it redraws the list)."""
         done = self.closed or self.model.check_health(HEALTH_BUDGET_S)
         self._catching_up = not done
         return done

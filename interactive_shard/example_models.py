@@ -132,14 +132,3 @@ def llama_7b(dtype: torch.dtype = torch.float32) -> Llama:
     """The 7B layout on the meta device: shapes and dtypes, no memory."""
     with torch.device("meta"):
         return Llama(LlamaConfig()).to(dtype)
-
-
-def synthetic_params(n: int, *, width: int = 1024) -> list[tuple[str, torch.Tensor]]:
-    """``n`` meta parameters named like ``n / 4`` transformer-ish layers: a square weight,
-    a 4x-wide weight, a bias and a norm weight per layer (sizes repeat every 4)."""
-    shapes = [(width, width), (4 * width, width), (width,), (width,)]
-    names = ["proj.weight", "up.weight", "proj.bias", "norm.weight"]
-    return [
-        (f"layers.{i // 4}.{names[i % 4]}", torch.empty(shapes[i % 4], device="meta"))
-        for i in range(n)
-    ]

@@ -22,6 +22,7 @@ from interactive_shard.precision.analysis import describe_policy
 from interactive_shard.precision.compare import Plan, differing_phases, dtypes_of, short
 from interactive_shard.precision.events import PHASES, Unit
 from interactive_shard.precision.model import PrecisionModel
+from interactive_shard.ui.plain_figure import figure
 
 __all__ = [
     "DIFF",
@@ -132,28 +133,6 @@ def _heatmap(
 
 
 Parts = tuple[list[dict[str, Any]], dict[str, Any]]  # a figure's traces and layout, as dicts
-
-
-def figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
-    """A figure from plain dicts, not validated property by property: validating costs
-    ten times the building, and these dicts are the ones the tests validate
-    (``test_precision_view``: every figure through ``go.Figure(fig.to_dict())``). The
-    default template goes in as a dict made once (plotly deep-copies it otherwise)."""
-    return go.Figure({"data": data, "layout": {**_template(), **layout}}, _validate=False)
-
-
-_TEMPLATES: dict[str, dict[str, Any]] = {}
-
-
-def _template() -> dict[str, Any]:
-    import plotly.io as pio
-
-    name = pio.templates.default
-    if not isinstance(name, str):  # None, or a Template object: plotly applies it
-        return {}
-    if name not in _TEMPLATES:
-        _TEMPLATES[name] = {"template": pio.templates[name].to_plotly_json()}
-    return _TEMPLATES[name]
 
 
 def _axes(sides: int) -> dict[str, Any]:

@@ -1,37 +1,13 @@
-"""Drawing helpers of the split figures: a figure from plain dicts, and the rectangles of
-lanes, regions and the selected lane."""
+"""Drawing helpers of the split figures: the rectangles of lanes, regions and the
+selected lane (figures are built with ``ui.plain_figure.figure``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
-
-import plotly.graph_objects as go
 
 from interactive_shard.ui.colors import PALETTE
 
 LANE_FILL, SELECTED = "rgba(0,0,0,0.045)", PALETTE[0]
-
-
-def figure(data: Sequence[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
-    """A figure from plain dicts, not validated property by property: validating costs
-    ten times the building (``test_splits_view`` validates every figure). The default
-    template goes in as a dict made once (plotly deep-copies it otherwise)."""
-    return go.Figure({"data": list(data), "layout": {**_template(), **layout}}, _validate=False)
-
-
-_TEMPLATES: dict[str, dict[str, Any]] = {}
-
-
-def _template() -> dict[str, Any]:
-    import plotly.io as pio
-
-    name = pio.templates.default
-    if not isinstance(name, str):  # None, or a Template object: plotly applies it
-        return {}
-    if name not in _TEMPLATES:
-        _TEMPLATES[name] = {"template": pio.templates[name].to_plotly_json()}
-    return _TEMPLATES[name]
 
 
 def rect(

@@ -20,11 +20,12 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from interactive_shard.splits._drawing import figure, lane_rect, outline, rect
+from interactive_shard.splits._drawing import lane_rect, outline, rect
 from interactive_shard.splits.events import Call, Partition, SplitCompile
 from interactive_shard.splits.model import SplitsModel
 from interactive_shard.splits.plan import MIB
 from interactive_shard.ui.colors import key_color
+from interactive_shard.ui.plain_figure import figure
 
 DIFF = "#FF0000"  # pure red: not in PALETTE (as the bucket map's differences)
 CALL_COLOR = "#444444"

@@ -10,17 +10,15 @@ from __future__ import annotations
 import itertools
 import operator
 import threading
-from array import array
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from interactive_shard.telemetry.schema import SCHEMA_VERSION, Event
 
 _KIND = operator.attrgetter("kind")
+_FIRST = operator.itemgetter(0)
 
 
 @dataclass
@@ -43,8 +41,11 @@ class RunStore:
     def __init__(self, info: RunInfo) -> None:
         self.info = info
         self._events: list[Event] = []
-        # kind -> (positions in _events, those events): appended in order, so sorted
-        self._by_kind: dict[str, tuple[array[int], list[Event]]] = {}
+        # kind -> (log position of each run, the runs): a run is a list of consecutive
+        # events of that kind, as they arrived (a batch is mostly one run). Positions
+        # grow, so a bisect finds where a cursor stopped, and runs of several kinds
+        # merge into log order by their positions alone.
+        self._by_kind: dict[str, tuple[list[int], list[list[Event]]]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -57,18 +58,27 @@ class RunStore:
 
     def extend(self, events: Iterable[Event]) -> None:
         events = list(events)
+        if not events:
+            return
+        kinds = list(map(_KIND, events))
         with self._lock:
             at = len(self._events)
             self._events.extend(events)
-            # Runs of one kind (a batch is mostly one kind): one slice per run, C loops.
-            for kind, run in itertools.groupby(events, _KIND):
-                part = list(run)
-                index = self._by_kind.get(kind)
-                if index is None:
-                    index = self._by_kind[kind] = (array("q"), [])
-                index[0].extend(range(at, at + len(part)))
-                index[1].extend(part)
-                at += len(part)
+            if kinds.count(kinds[0]) == len(kinds):  # one kind: the batch is one run
+                self._add_run(kinds[0], at, events)
+                return
+            i = 0
+            for kind, group in itertools.groupby(kinds):
+                n = len(list(group))
+                self._add_run(kind, at + i, events[i : i + n])
+                i += n
+
+    def _add_run(self, kind: str, at: int, run: list[Event]) -> None:
+        index = self._by_kind.get(kind)
+        if index is None:
+            index = self._by_kind[kind] = ([], [])
+        index[0].append(at)
+        index[1].append(run)
 
     def events(self, start: int = 0) -> list[Event]:
         """A snapshot of the events from index ``start`` (a model's cursor) on."""
@@ -78,22 +88,22 @@ class RunStore:
     def since(self, start: int, kinds: Collection[str]) -> tuple[list[Event], int]:
         """The events of ``kinds`` from log position ``start`` on, in log order, and the
         position to start from next time (a cursor's), read under one lock."""
-        parts: list[tuple[array[int], list[Event]]] = []
+        parts: list[tuple[int, list[Event]]] = []
         with self._lock:
             end = len(self._events)
             for kind in kinds:
                 index = self._by_kind.get(kind)
-                if index is not None:
-                    first = bisect_left(index[0], start)
-                    if first < len(index[0]):
-                        parts.append((index[0][first:], index[1][first:]))
-        if len(parts) <= 1:
-            return (parts[0][1] if parts else []), end
-        # Several kinds: their positions sorted in C (a sort of 100k (position, event)
-        # tuples took 0.1 s on the notebook's thread).
-        order = np.argsort(np.concatenate([np.frombuffer(p, np.int64) for p, _ in parts]))
-        events = list(itertools.chain.from_iterable(e for _, e in parts))
-        return [events[i] for i in order.tolist()], end
+                if index is None:
+                    continue
+                positions, runs = index
+                first = max(bisect_right(positions, start) - 1, 0)
+                for at, run in zip(positions[first:], runs[first:], strict=True):
+                    if at + len(run) > start:
+                        skip = max(start - at, 0)
+                        parts.append((at + skip, run[skip:] if skip else run))
+        if len(kinds) > 1:
+            parts.sort(key=_FIRST)  # runs never interleave: their starts give log order
+        return list(itertools.chain.from_iterable(run for _, run in parts)), end
 
     def kinds(self) -> list[str]:
         """Every kind stored so far, in the order each first arrived."""

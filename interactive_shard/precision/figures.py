@@ -302,22 +302,27 @@ def grid_parts(
         clickmode="event",
     )
     if plan is not None:  # subplot titles above the phases on top
-        layout["annotations"] = [
-            {
-                "font": {"size": 16},
-                "showarrow": False,
-                "text": text,
-                "x": x,
-                "xanchor": "center",
-                "xref": "paper",
-                "y": 1.0,
-                "yanchor": "bottom",
-                "yref": "paper",
-                "yshift": 34,
-            }
-            for text, x in (("planned", 0.2425), ("observed", 0.7575))
-        ]
+        layout["annotations"] = subplot_titles((("planned", 0.2425), ("observed", 0.7575)), 34)
     return data, layout
+
+
+def subplot_titles(titles: Sequence[tuple[str, float]], yshift: int = 0) -> list[dict[str, Any]]:
+    """Titles above side-by-side subplots, as make_subplots writes them (text, centre x)."""
+    return [
+        {
+            "font": {"size": 16},
+            "showarrow": False,
+            "text": text,
+            "x": x,
+            "xanchor": "center",
+            "xref": "paper",
+            "y": 1.0,
+            "yanchor": "bottom",
+            "yref": "paper",
+            **({"yshift": yshift} if yshift else {}),
+        }
+        for text, x in titles
+    ]
 
 
 def figure_grid(

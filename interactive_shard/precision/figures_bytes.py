@@ -25,6 +25,7 @@ from interactive_shard.precision.figures import (
     Parts,
     dtype_class,
     figure,
+    subplot_titles,
     unit_label,
 )
 from interactive_shard.precision.model import PrecisionModel
@@ -116,20 +117,7 @@ def bytes_parts(model: PrecisionModel, *, rank: int = 0, iteration: int | None =
         "yaxis": {"anchor": "x", "domain": [0.0, 1.0], "title": {"text": "bytes"}},
         "xaxis2": {"anchor": "y2", "domain": [0.816, 1.0]},
         "yaxis2": {"anchor": "x2", "domain": [0.0, 1.0]},
-        "annotations": [
-            {
-                "font": {"size": 16},
-                "showarrow": False,
-                "text": text,
-                "x": x,
-                "xanchor": "center",
-                "xref": "paper",
-                "y": 1.0,
-                "yanchor": "bottom",
-                "yref": "paper",
-            }
-            for text, x in (("per unit", 0.368), ("all units", 0.908))
-        ],
+        "annotations": subplot_titles((("per unit", 0.368), ("all units", 0.908))),
         "barmode": "stack",
         "title": {
             "text": f"Bytes held per dtype · rank {rank}, iteration {it} · {fmt_bytes(grand)} in "

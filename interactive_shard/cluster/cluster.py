@@ -42,7 +42,7 @@ import weakref
 from typing import Any
 
 from interactive_shard import features
-from interactive_shard.cluster import events, isolation, options
+from interactive_shard.cluster import events, isolation, options, stacks
 from interactive_shard.cluster._support import Resources, pickle_call, preimport_for_fork, weak
 from interactive_shard.cluster.errors import RankError
 from interactive_shard.cluster.isolation import Rendezvous
@@ -400,15 +400,37 @@ class Cluster(live.ShowsView):
                 note = "the cluster restarted its ranks; ctx.state is empty"
             else:
                 note = "the cluster's ranks are down: call cluster.restart()"
+        stuck_stacks: dict[int, str] = {}
         if verdict.stuck and self._gen is not None:
+            stuck_stacks = self._stacks_of(verdict.stuck)
             self._gen.signal(verdict.stuck, signal.SIGKILL)
-        run.conclude(verdict, note)
+        run.conclude(verdict, note, stuck_stacks)
         with self._lock:
             self._current = None
             fresh = RankState.FAILED if verdict.restart else RankState.IDLE
             self._rank_states = [fresh] * self.nprocs
         if verdict.restart and self.restart_on_failure and not self._closed:
             self.restart()
+
+    def _stacks_of(self, ranks: list[int]) -> dict[int, str]:
+        """Each stuck rank's stack before it is killed (Note [Stuck rank stacks])."""
+        assert self._gen is not None
+        with self._lock:
+            marks = {r: len(self.logs[r]) for r in ranks}
+        self._gen.signal(ranks, stacks.DUMP_SIGNAL)
+        deadline = time.monotonic() + stacks.WAIT_S
+        seen, quiet_since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            with self._lock:
+                new = {r: self.logs[r][marks[r] :] for r in ranks}
+            count = sum(map(len, new.values()))
+            if count != seen:
+                seen, quiet_since = count, time.monotonic()
+            elif all(map(stacks.has_dump, new.values())):
+                if time.monotonic() - quiet_since >= stacks.QUIET_S:
+                    break
+            time.sleep(0.02)
+        return {r: stacks.user_stack(lines) for r, lines in new.items() if stacks.has_dump(lines)}
 
     def interrupt(self, run: Run) -> None:
         """Stop the ranks' work on ``run``: SIGINT, then kill whoever does not come back."""

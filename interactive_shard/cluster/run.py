@@ -108,15 +108,18 @@ class Run(ShowsView):
             raise self._error
         return self
 
-    def conclude(self, verdict: Verdict, note: str = "") -> None:
-        """Called once by the driver when the outcome is decided."""
+    def conclude(
+        self, verdict: Verdict, note: str = "", stuck_stacks: dict[int, str] | None = None
+    ) -> None:
+        """Called once by the driver when the outcome is decided; ``stuck_stacks``: where
+        each stuck rank was when it was stopped."""
         for rank in verdict.stuck:
             self.record_state(rank, RankState.FAILED, "stopped: another rank failed")
         if self._tracebacks:
             if verdict.stuck:
                 stuck = f"rank(s) {', '.join(map(str, verdict.stuck))} were stuck and were stopped"
                 note = f"{stuck}; {note}" if note else stuck
-            self._error = RankError(self._tracebacks, note=note)
+            self._error = RankError(self._tracebacks, note=note, stuck=stuck_stacks)
         self._finished = True
 
     # -- results and output ---------------------------------------------------------------

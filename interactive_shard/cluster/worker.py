@@ -33,7 +33,7 @@ from typing import Any
 
 import cloudpickle
 
-from interactive_shard.cluster import isolation
+from interactive_shard.cluster import isolation, stacks
 from interactive_shard.cluster.messages import STARTUP, Done, Failed, Ready, RunCall
 
 
@@ -78,6 +78,7 @@ def _redirect_output(out_w: Connection, err_w: Connection) -> None:
     os.dup2(err_w.fileno(), 2)
     sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", 0, closefd=False), line_buffering=True)
     sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", 0, closefd=False), line_buffering=True)
+    stacks.enable(sys.stderr)  # Note [Stuck rank stacks]
 
 
 def _start(cfg: WorkerConfig) -> Any:

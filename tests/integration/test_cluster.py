@@ -114,6 +114,10 @@ def test_rank_error_is_fast_and_the_cluster_recovers(cluster: ish.Cluster) -> No
     assert "ValueError: bad batch on rank 1" in info.value.tracebacks[1]
     assert 'raise ValueError("bad batch on rank 1")' in info.value.tracebacks[1]  # source shown
     assert "restarted" in str(info.value)
+    # Rank 0 was stuck in the all-reduce: its stack says where (Note [Stuck rank stacks]).
+    assert list(info.value.stuck) == [0]
+    assert "in all_reduce" in info.value.stuck[0] and "in fail_on_one" in info.value.stuck[0]
+    assert "rank 0, stuck: its stack when stopped" in str(info.value)
     assert cluster.run(all_reduce_rank).results == [3.0, 3.0]
 
 

@@ -261,6 +261,8 @@ def lifecycle_strip(
     bad = int(np.count_nonzero((t.col("finished")[rows] == 0) | (t.col("dropped")[rows] > 0)))
     if bad:
         title += f" · {bad} with a mistake"
+    if model.pending:  # a view's refresh left some for later (LifecycleModel.budget)
+        title += f" · reading: {model.pending:,} event(s) to go"
     text: list[list[str]] | None = None
     if n <= MAX_COLUMNS:
         x = [str(i) for i in index.tolist()]

@@ -9,12 +9,24 @@ its iterations as numpy columns (``_table.IterationTable``: a batch of events me
 a few numpy calls); the ``Iteration`` objects of ``Instance.iterations`` are built from
 them (and the raw events, for the collectives' details) only when read, and cached.
 The figures and the view read the columns.
+
+A view's refresh has a budget (``budget``): 100,000 new events cost more to summarise
+(~5 us each: their collectives' bytes, ready orders) than a refresh may take. An update
+files what arrived at once (``pending`` counts it) and summarises it, in store order, in
+chunks of ``CHUNK`` events until the budget is spent (one at least, when new ones came);
+the view says how much is left and a poller finishes it between ticks. Outside
+``budget`` (``run.ddp``, the report, tests) an update summarises everything: what the
+public API returns is always exact.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import compress
 from operator import attrgetter
+from time import perf_counter
 from typing import Any
 
 import msgspec
@@ -37,6 +49,7 @@ from interactive_shard.telemetry.store import RunStore
 from interactive_shard.ui.live import ShowsView
 
 _WATCH, _ITERATION, _CHECK = LifecycleWatch.KIND, LifecycleIteration.KIND, LifecycleCheck.KIND
+CHUNK = 1024  # events summarised between two looks at the clock (~5 ms) under a budget
 
 
 class LifecycleModel(ShowsView):
@@ -62,23 +75,63 @@ class LifecycleModel(ShowsView):
         self._touched: set[int] = set()
         self._advice: tuple[int, list[Finding]] = (-1, [])
         self._undecodable: set[int] = set()  # id() of raw parts whose details failed
+        # Events taken from the store, not summarised yet: (events, only parts?) in store
+        # order; the first is summarised from ``_backlog_at`` on.
+        self._backlog: deque[tuple[list[Event], bool]] = deque()
+        self._backlog_at = 0
+        self.pending = 0  # events in the backlog: what a budgeted update left
+        self._deadline: float | None = None  # perf_counter() time; None: no budget
 
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
+        """Take the new events and summarise them (all of them, outside ``budget``);
+        True when anything changed."""
         start = self._events.position
-        events = self._events.take_events()
-        if not events:
-            return False
-        # The store's per-kind index says whether watches or checks came too (usually
-        # not): if none did, every event is an iteration part and none is looked at here.
-        if self.store.since(start, (_WATCH, _CHECK))[0]:
-            changed = self._mixed(events)
-        else:
-            changed = self._segment(events, np.arange(len(events)), [])
+        # A view reads the model a few dozen times a refresh: the store's size says at
+        # once whether anything arrived (its per-kind index, a little more).
+        events = self._events.take_events() if self.store.version != start else []
+        if events:
+            # The store's per-kind index says whether watches or checks came too (usually
+            # not): if none did, every event is an iteration part, none looked at here.
+            mixed = bool(self.store.since(start, (_WATCH, _CHECK))[0])
+            self._backlog.append((events, mixed))
+            self.pending += len(events)
+        # New events: some progress (a chunk, in store order) even when the budget is spent.
+        changed = bool(events) and self._summarise()
+        while self._backlog and (self._deadline is None or perf_counter() < self._deadline):
+            changed |= self._summarise()
         self._findings_of_checks()
         if changed:
             self.revision += 1
         return changed
+
+    @contextmanager
+    def budget(self, seconds: float) -> Iterator[None]:
+        """Updates inside (every read calls one) summarise for ``seconds`` in all, then
+        leave the rest ``pending`` for later: a view's refresh. An update that takes new
+        events summarises ``CHUNK`` of them whatever is left of the budget."""
+        self._deadline = perf_counter() + seconds
+        try:
+            yield
+        finally:
+            self._deadline = None
+
+    def _summarise(self) -> bool:
+        """The backlog's first events: all of its first entry without a budget, else
+        ``CHUNK`` of them (any split summarises alike: parts merge across updates)."""
+        events, mixed = self._backlog[0]
+        at = self._backlog_at
+        end = len(events) if self._deadline is None else min(at + CHUNK, len(events))
+        chunk = events if (at, end) == (0, len(events)) else events[at:end]
+        if end == len(events):
+            self._backlog.popleft()
+            self._backlog_at = 0
+        else:
+            self._backlog_at = end
+        self.pending -= len(chunk)
+        if mixed:
+            return self._mixed(chunk)
+        return self._segment(chunk, np.arange(len(chunk)), [])
 
     @property
     def skipped(self) -> int:

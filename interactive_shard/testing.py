@@ -832,6 +832,7 @@ class FakeTimeline:
             modules=["", *self.units],
             world_size=self.world_size,
             host=self.host(rank),
+            step_is_iteration=True,
         )
 
     def period(self) -> float:

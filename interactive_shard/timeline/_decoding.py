@@ -26,6 +26,7 @@ from interactive_shard.timeline.events import Span, TimelineSpans
 T = TypeVar("T")
 CACHED_ITERATIONS = 4096  # decoded (rank, iteration)s kept, most recently used
 BAD_SPAN = "timeline span (it ends before it starts)"
+BAD_STEP = "timeline_spans (its step is not its iteration)"
 
 
 class Decoded:
@@ -63,7 +64,7 @@ class Decoder:
             good, start = list(found.good), found.stamp[1]
         counted = here.checked.get(it, 0)
         for k in range(start, len(batches)):
-            good += self._good_spans(rank, batches[k], count=k >= counted)
+            good += self._good_spans(rank, it, batches[k], count=k >= counted)
         if batches:
             here.checked[it] = max(counted, len(batches))
         found = self._cache[key] = Decoded(stamp, good)
@@ -72,12 +73,16 @@ class Decoder:
             self._cache.popitem(last=False)
         return found
 
-    def _good_spans(self, rank: int, event: Event, *, count: bool) -> list[Span]:
+    def _good_spans(self, rank: int, it: int, event: Event, *, count: bool) -> list[Span]:
         try:
             batch = msgspec.convert(event.payload, TimelineSpans)
         except (msgspec.ValidationError, TypeError) as err:
             if count:
                 self.cursor.skip(rank, event.kind, err)
+            return []
+        if batch.iteration != it:  # filed by a step that is not its iteration
+            if count:
+                self.cursor.skip(rank, BAD_STEP, f"step {it}, iteration {batch.iteration}")
             return []
         good = [s for s in batch.spans if math.isfinite(s.end) and s.start <= s.end]
         if count and len(good) < len(batch.spans):

@@ -8,7 +8,8 @@ other hosts are aligned in the kernel from the ends of the collectives they shar
 iteration is one forward of the watched model (1 = the first after ``ish.watch``); its
 backward, hooks, collectives and optimizer step are reported under the same
 iteration. The probe batches: one ``timeline_spans`` event per iteration (and at an
-explicit flush and at detach) holds the iteration's spans in the order they ended.
+explicit flush and at detach) holds the iteration's spans in the order they ended; its
+``Event.step`` is that iteration (``TimelineWatch.step_is_iteration``), not ``ctx.step``.
 """
 
 # docs/events.md is written from this file (tools/gen_event_docs.py). No torch here:
@@ -61,6 +62,15 @@ class TimelineWatch(msgspec.Struct, kw_only=True, frozen=True):
     modules: Annotated[list[str], Meta(description="fqns of the modules spanned, in order")]
     world_size: Annotated[int, Meta(ge=1, description="ranks in the default process group")]
     host: Annotated[str, Meta(description="the rank's host name: one clock per host")]
+    # Recordings made before this field have their batches filed by the payload's
+    # iteration (the event's step was the user's ctx.step then).
+    step_is_iteration: Annotated[
+        bool,
+        Meta(
+            description="this rank's `timeline_spans` carry their iteration as the event's "
+            "step too, so the kernel files them without reading their spans"
+        ),
+    ] = False
 
 
 class Span(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from interactive_shard.telemetry import rank as telemetry
 from interactive_shard.timeline._recorder import Recorder
 from interactive_shard.timeline.events import TimelineSpans
 
@@ -26,7 +27,7 @@ class StandInEvent:
 def recorder() -> tuple[Recorder, list[Any]]:
     rec = Recorder("module", None, ["a"])
     sent: list[Any] = []
-    rec._emit = sent.append  # type: ignore[method-assign]
+    rec._emit = lambda event, step=None: sent.append(event)  # type: ignore[method-assign]
     rec.iteration = 1
     return rec, sent
 
@@ -41,6 +42,21 @@ def test_spans_go_out_one_batch_per_iteration_in_end_order() -> None:
     assert all(isinstance(b, TimelineSpans) for b in sent) and rec.recorded == 3
     rec.send()
     assert len(sent) == 2  # nothing held: nothing sent
+
+
+def test_a_batch_goes_out_with_its_iteration_as_the_step(monkeypatch: Any) -> None:
+    emitted: list[tuple[str, dict[str, Any], int | None]] = []
+    monkeypatch.setattr(
+        telemetry, "emit", lambda kind, payload, step=None: emitted.append((kind, payload, step))
+    )
+    rec = Recorder("module", None, ["a"])
+    rec.iteration = 3
+    rec.add("forward", "a", 1.0, 3.0)
+    rec.add_at(4, "backward", "a", 4.0, 5.0)
+    rec.send()
+    watch, *batches = emitted
+    assert watch[0] == "timeline_watch" and watch[1]["step_is_iteration"] is True
+    assert [(p["iteration"], step) for _, p, step in batches] == [(3, 3), (4, 4)]
 
 
 def test_cuda_event_spans_wait_for_the_gpu_then_land_on_the_host_clock() -> None:

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 OUT ?= out/demo
 
-.PHONY: demo test lab lint unit integration notebooks browser bench clean
+.PHONY: demo test lab lint unit package integration notebooks browser bench clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 demo: $(STAMP)
 	$(PY) -m interactive_shard demo --out $(OUT)
 
-test: $(STAMP) lint unit integration notebooks browser
+test: $(STAMP) lint unit package integration notebooks browser
 
 lint: $(STAMP)
 	$(PY) -m ruff check interactive_shard tests benchmarks
@@ -27,6 +27,9 @@ lint: $(STAMP)
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
+
+package: $(STAMP)  # build the wheel and sdist, twine check, the demo from the wheel in a fresh venv
+	$(PY) -m pytest tests/package -q
 
 integration: $(STAMP)
 	$(PY) -m pytest tests/integration -q
@@ -44,4 +47,4 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) out .pytest_cache dist build

@@ -8,7 +8,7 @@ run.results, run.save("run.jsonl"), run.to_html("run.html")
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 from interactive_shard.buckets.plan import plan_buckets
 from interactive_shard.cluster import (

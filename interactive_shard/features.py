@@ -18,6 +18,9 @@ An entry's parts:
 * ``figures``: a pure function ``model -> list[go.Figure]`` for the report (a figure
   module: plotly only, no ipywidgets).
 * ``view``: ``View(model)`` with a lazily built ``.widget``; what display shows.
+* ``summary``: a pure function ``model -> str``: the view in a few plain lines, which a
+  front end without a widget manager shows (with the first of ``figures``) in place of
+  the widget (``ui/fallback.py``).
 * ``probe``: ``"module"`` with ``fits(obj) -> bool``, ``OPTIONS`` (the keyword
   arguments it takes), ``WATCHES`` (what it can watch, in words) and
   ``attach(obj, **options)`` returning a handle with ``detach()``; ``ish.watch``
@@ -50,6 +53,7 @@ class Feature:
     figures: str
     events: str | None = None  # "module:EVENTS": the event Structs its model reads
     probe: str | None = None
+    summary: str | None = None  # "module:function": model -> str, the view in plain words
     always: bool = False  # in the report even when none of its kinds was recorded
 
     def __post_init__(self) -> None:
@@ -74,6 +78,10 @@ class Feature:
     def report_figures(self, model: Any) -> list[Any]:
         return list(load(self.figures)(model))
 
+    def summary_of(self, model: Any) -> str:
+        """The view in plain words (its ``summary``; empty without one)."""
+        return str(load(self.summary)(model)) if self.summary else ""
+
     def recorded_in(self, store: Any) -> bool:
         """Whether the store holds anything this feature reads."""
         return self.always or any(store.of_kind(kind) for kind in self.kinds)
@@ -85,6 +93,7 @@ FEATURES: tuple[Feature, ...] = (
         title="Scalars",
         model="interactive_shard.monitor.model:MonitorModel",
         view="interactive_shard.monitor.view:MonitorView",
+        summary="interactive_shard.monitor.summary:summary",
         figures="interactive_shard.monitor.figures:report_figures",
         events="interactive_shard.cluster.events:EVENTS",
         always=True,
@@ -94,6 +103,7 @@ FEATURES: tuple[Feature, ...] = (
         title="DDP gradient buckets",
         model="interactive_shard.buckets.model:BucketMap",
         view="interactive_shard.buckets.view:BucketMapView",
+        summary="interactive_shard.buckets.summary:summary",
         figures="interactive_shard.buckets.figures_timeline:report_figures",
         events="interactive_shard.buckets.events:EVENTS",
         probe="interactive_shard.buckets.probe",
@@ -103,6 +113,7 @@ FEATURES: tuple[Feature, ...] = (
         title="torch.compile graph splits (DDPOptimizer)",
         model="interactive_shard.splits.model:SplitsModel",
         view="interactive_shard.splits.view:SplitsView",
+        summary="interactive_shard.splits.summary:summary",
         figures="interactive_shard.splits.figures:report_figures",
         events="interactive_shard.splits.events:EVENTS",
         probe="interactive_shard.splits.probe",
@@ -112,6 +123,7 @@ FEATURES: tuple[Feature, ...] = (
         title="Mixed precision per unit (FSDP2, FSDP1, DDP)",
         model="interactive_shard.precision.model:PrecisionModel",
         view="interactive_shard.precision.view:PrecisionView",
+        summary="interactive_shard.precision.summary:summary",
         figures="interactive_shard.precision.figures:report_figures",
         events="interactive_shard.precision.events:EVENTS",
         probe="interactive_shard.precision.probe",
@@ -121,6 +133,7 @@ FEATURES: tuple[Feature, ...] = (
         title="Hook order and overlap timeline",
         model="interactive_shard.timeline.model:TimelineModel",
         view="interactive_shard.timeline.view:TimelineView",
+        summary="interactive_shard.timeline.summary:summary",
         figures="interactive_shard.timeline.figures:report_figures",
         events="interactive_shard.timeline.events:EVENTS",
         probe="interactive_shard.timeline.probe",
@@ -130,6 +143,7 @@ FEATURES: tuple[Feature, ...] = (
         title="DDP lifecycle",
         model="interactive_shard.lifecycle.model:LifecycleModel",
         view="interactive_shard.lifecycle.view:LifecycleView",
+        summary="interactive_shard.lifecycle.summary:summary",
         figures="interactive_shard.lifecycle.figures:report_figures",
         events="interactive_shard.lifecycle.events:EVENTS",
         probe="interactive_shard.lifecycle.probe",
@@ -142,6 +156,15 @@ def feature(name: str) -> Feature:
         if f.name == name:
             return f
     raise KeyError(f"no feature {name!r}; features are {[f.name for f in FEATURES]}")
+
+
+def feature_of_view(view: object) -> Feature:
+    """The feature whose view class ``view`` is an instance of (for its static fallback)."""
+    for f in FEATURES:
+        module, _, cls = f.view.partition(":")
+        if any(t.__module__ == module and t.__name__ == cls for t in type(view).__mro__):
+            return f
+    raise LookupError(f"{type(view).__qualname__} is not the view of any feature")
 
 
 def feature_of_model(model: object) -> Feature:

@@ -74,6 +74,22 @@ class MonitorView(live.LazyWidget):
         what = f" · run {run.run_id}: {html.escape(run.store.info.name)}" if run else ""
         return f"<b>{html.escape(self._source.describe())}</b>{what}"
 
+    def _static_model(self) -> MonitorModel | None:
+        return self._follow()
+
+    def _static_title(self) -> str:
+        return "Run monitor"
+
+    def _static_heading(self) -> str:
+        """The ranks' states now (a live cluster knows them before its run's events do)."""
+        states = self._states(self._follow())
+        run, what = self._run, ""
+        if run is not None:
+            what = f" · run {run.run_id}" + (
+                f": {run.store.info.name}" if run.store.info.name else ""
+            )
+        return f"{self._source.describe()}{what} · ranks: {', '.join(states) or 'none'}"
+
     # -- widgets ---------------------------------------------------------------------------
     def _build(self) -> None:
         model = self._follow()

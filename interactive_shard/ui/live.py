@@ -8,11 +8,14 @@ with ``wait=False`` is polled from the kernel's event loop (also the main thread
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from interactive_shard.ui import fallback
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,8 @@ class LiveView(Protocol):
 class ShowsView:
     """Anything a notebook displays as a live view: the views themselves, models
     (``run.buckets``), runs and clusters. The one place the display hook lives;
-    ``_view()`` says which view (views return themselves)."""
+    ``_view()`` says which view (views return themselves). What is displayed is the
+    view's widget, whose mime bundle carries the static fallbacks (see ``widget``)."""
 
     def _view(self) -> LazyWidget:
         raise NotImplementedError
@@ -46,6 +50,18 @@ class LazyWidget(ShowsView):
         return self
 
     _widget: Any = None
+
+    def _static_model(self) -> Any:
+        """The model the static fallback summarises (``ui/fallback.py``); None: none yet."""
+        return getattr(self, "model", None)
+
+    def _static_title(self) -> str:
+        """The summary's title (empty: the feature's)."""
+        return ""
+
+    def _static_heading(self) -> str:
+        """A line above the summary, for what the model does not know (the monitor's ranks)."""
+        return ""
 
     def _build(self) -> None:
         raise NotImplementedError
@@ -67,6 +83,10 @@ class LazyWidget(ShowsView):
             # ui.live holds views weakly; the widget (kept by the kernel while shown)
             # keeps its view alive, so a displayed view goes on refreshing.
             built._ish_view = self
+            # However the widget is shown (this hook, or a cell ending in `view.widget`),
+            # its bundle carries a summary and a figure for front ends with no widget
+            # manager. An instance attribute, as ipywidgets' own close() sets it to None.
+            built._repr_mimebundle_ = functools.partial(fallback.bundle, self, built)
             register(self)
         return self._widget
 

@@ -1,0 +1,101 @@
+"""A displayed view's mime bundle: the live widget for widget front ends, and a text
+summary, escaped HTML and a small plotly figure for every other (ui/fallback.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from support import make_store
+
+from interactive_shard import features, testing
+from interactive_shard.cluster.run import Run
+from interactive_shard.ui import fallback
+
+STORES = {
+    "buckets": lambda: testing.FakeRun(testing.mlp_params(4, 32), bucket_cap_mb=0.006).events(),
+    "splits": lambda: testing.FakeSplits(testing.mlp_graph(6, 256), bucket_cap_mb=1).events(),
+    "precision": lambda: testing.FakePrecision(
+        testing.mp_net({"": testing.fsdp2_policy(), "1": testing.fsdp2_policy("bf16")})
+    ).events(),
+    "timeline": lambda: testing.FakeTimeline(delay=[0.0, 0.002]).events(),
+    "ddp": lambda: testing.FakeLifecycle(unused=["0.bias"]).events(),
+}
+# What each summary must say, in words a reader looks for.
+SAYS = {
+    "buckets": ["8 parameters", "bucket_cap_mb=0.006", "bucket 0:", "KiB", "world size 2"],
+    "splits": ["rank 0: 1 graph(s) compiled", "submod_0", "backend", "DDP (run time)"],
+    "precision": ["fsdp2", "unit(s)", "param_dtype=bf16", "seen in iteration 1"],
+    "timeline": ["rank 0, iteration 2", "backward", "hidden by compute"],
+    "ddp": ["DDP instance(s) on rank 0", "check(s) fired", "0.bias got no gradient"],
+}
+
+
+def shown(widget: Any) -> dict[str, Any]:
+    """What IPython sends for ``widget`` (the display hook shows the view's widget)."""
+    from IPython.core.formatters import DisplayFormatter
+
+    data, _ = DisplayFormatter().format(widget)
+    return data
+
+
+@pytest.mark.parametrize("name", sorted(STORES))
+def test_a_feature_bundle_keeps_the_widget_and_says_the_view(name: str) -> None:
+    run = Run(make_store(STORES[name]()))
+    widget = getattr(run, name)._view().widget
+    data = shown(widget)
+    assert data[fallback.WIDGET_MIME]["model_id"] == widget.model_id
+    assert data[fallback.WIDGET_MIME]["version_major"] == 2
+    text, page = data["text/plain"], data["text/html"]
+    assert text.startswith(f"{features.feature(name).title} ({fallback.NOTE})\n")
+    for words in SAYS[name]:
+        assert words in text, f"{name} summary lacks {words!r}:\n{text}"
+    assert f'data-ish-summary="{name}"' in page and "<script" not in page
+    fig = data[fallback.PLOTLY_MIME]
+    assert fig["data"] and "template" not in fig["layout"]
+    assert len(json.dumps(fig)) <= fallback.MAX_FIGURE_CHARS
+
+
+def test_the_run_shows_the_monitor_with_its_ranks() -> None:
+    data = shown(Run(make_store(STORES["buckets"]()))._view().widget)
+    text = data["text/plain"]
+    assert text.startswith(f"Run monitor ({fallback.NOTE})\n2 ranks · gloo · cpu · run 0")
+    assert "rank 0:" in text and "rank 1:" in text and "step 3" in text
+    assert fallback.WIDGET_MIME in data
+
+
+def test_a_summary_that_fails_says_so_and_keeps_the_widget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = Run(make_store(STORES["buckets"]()))
+
+    def broken(model: Any) -> str:
+        raise ValueError("no luck")
+
+    monkeypatch.setattr("interactive_shard.buckets.summary.summary", broken)
+    data = shown(run.buckets._view().widget)
+    assert "no summary (ValueError: no luck)" in data["text/plain"]
+    assert fallback.WIDGET_MIME in data and fallback.PLOTLY_MIME not in data
+
+
+def test_html_is_escaped_and_a_large_figure_is_left_out() -> None:
+    page = fallback.to_html(fallback.Static("x", "Title <b>", "line & <script>", None))
+    assert "<li>line &amp; &lt;script&gt;</li>" in page and "Title &lt;b&gt;" in page
+    import plotly.graph_objects as go
+
+    big = go.Figure(go.Scatter(y=[float(i) / 7 for i in range(20_000)]))
+    assert fallback.figure_json(big) is None
+    assert fallback.figure_json(go.Figure(go.Scatter(y=[1, 2]))) is not None
+
+
+def test_a_closed_widget_shows_nothing() -> None:
+    run = Run(make_store(STORES["buckets"]()))
+    widget = run.buckets._view().widget
+    widget.close()
+    assert fallback.WIDGET_MIME not in shown(widget)
+
+
+def test_every_feature_names_a_summary() -> None:
+    for f in features.FEATURES:
+        assert f.summary is not None and callable(features.load(f.summary)), f.name

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -32,6 +33,9 @@ from interactive_shard.timeline.figures_lanes import (
     window_trace,
 )
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
+from interactive_shard.ui.plain_figure import figure
+
+Spec = tuple[list[dict[str, Any]], dict[str, Any]]  # a figure's traces and layout
 
 __all__ = [
     "WAITING",
@@ -42,6 +46,7 @@ __all__ = [
     "overlap_text",
     "report_figures",
     "shown_iterations",
+    "timeline_spec",
 ]
 
 WAITING = "watch a model with ish.watch(model, timeline=True)"
@@ -103,17 +108,18 @@ def shown_iterations(
 
 
 def empty_figure(title: str = "No timeline spans yet") -> go.Figure:
-    return go.Figure(
-        layout={
-            "title": {"text": title},
-            "height": 200,
-            "annotations": [
-                {"text": WAITING, "showarrow": False, "xref": "paper", "yref": "paper"}
-            ],
-            "xaxis": {"visible": False},
-            "yaxis": {"visible": False},
-        }
-    )
+    return figure(*empty_spec(title))
+
+
+def empty_spec(title: str = "No timeline spans yet") -> Spec:
+    layout = {
+        "title": {"text": title},
+        "height": 200,
+        "annotations": [{"text": WAITING, "showarrow": False, "xref": "paper", "yref": "paper"}],
+        "xaxis": {"visible": False},
+        "yaxis": {"visible": False},
+    }
+    return [], layout
 
 
 # -- figure: the timeline ---------------------------------------------------------------------
@@ -129,11 +135,23 @@ def figure_timeline(
     as bars on lanes, in ms since ``model.origin``; nested compute spans go below their
     parent down to ``depth`` (None: all); ``label`` names the run in the title. Drag to
     zoom time, double-click to reset."""
+    return figure(*timeline_spec(model, iteration=iteration, ranks=ranks, depth=depth, label=label))
+
+
+def timeline_spec(
+    model: TimelineModel,
+    *,
+    iteration: int | None = None,
+    ranks: Sequence[int] | None = None,
+    depth: int | None = None,
+    label: str | None = None,
+) -> Spec:
+    """``figure_timeline``'s traces and layout, as plain dicts (what a view redraws)."""
     chosen = sorted(model.ranks if ranks is None else set(ranks) & set(model.ranks))
     iterations, sampled = shown_iterations(model, chosen, iteration)
     spans = [s for r in chosen for it in iterations[r] for s in model.spans(r, it)]
     if not spans:
-        return empty_figure()
+        return empty_spec()
     lanes = lay_out(spans, chosen, depth=depth)
     origin = min(s.start for s in spans)  # model.origin, unless some ranks are left out
     if len(chosen) == len(model.ranks) and model.origin is not None:
@@ -166,8 +184,7 @@ def figure_timeline(
         "margin": {"t": TOP_PX, "b": BOTTOM_PX, "l": 150},
         "hovermode": "closest",
     }
-    # One constructor call: update_layout() parses every key as a path (most of a redraw).
-    return go.Figure(data=traces, layout=layout)
+    return traces, layout
 
 
 # -- figure: two runs side by side ------------------------------------------------------------

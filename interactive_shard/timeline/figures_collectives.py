@@ -13,13 +13,16 @@ import html
 import math
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 
+from interactive_shard.timeline.figures import Spec
 from interactive_shard.timeline.figures_lanes import every_nth, fmt_bytes, fmt_ms
 from interactive_shard.timeline.model import TimelineModel
 from interactive_shard.ui.colors import rank_color
+from interactive_shard.ui.plain_figure import figure
 
-__all__ = ["figure_collectives", "figure_overlap"]
+__all__ = ["collectives_spec", "figure_collectives", "figure_overlap", "overlap_spec"]
 
 MAX_OVERLAP_ITERATIONS = 50  # iterations the overlap overview shows (then every n-th)
 MAX_UNIT_TICKS = 30  # an x tick per iteration up to this many
@@ -30,35 +33,46 @@ def figure_overlap(model: TimelineModel, selected: int | None = None) -> go.Figu
     """The backward overlap of every iteration on every rank, in percent. A long run
     shows every n-th iteration (at most about ``MAX_OVERLAP_ITERATIONS``, the title says
     which), and always the latest and ``selected``, exactly."""
+    return figure(*overlap_spec(model, selected))
+
+
+def overlap_spec(model: TimelineModel, selected: int | None = None) -> Spec:
+    """``figure_overlap``'s traces and layout, as plain dicts (what a view redraws)."""
     ranks = model.ranks
     if not ranks or not model.count():
-        return go.Figure(layout={"title": {"text": "No iterations yet"}, "height": 200})
+        return [], {"title": {"text": "No iterations yet"}, "height": 200}
     shown, stride = model.sample(MAX_OVERLAP_ITERATIONS, keep=[selected])
     traces = []
     for r in ranks:
         its = [it for it in shown if model.has(r, it)]
         found = [model.summary(r, it) for it in its]
         traces.append(
-            go.Bar(
-                name=f"rank {r}",
-                x=its,
-                y=[100 * f.overlap if math.isfinite(f.overlap) else None for f in found],
-                marker={"color": rank_color(r)},
-                hovertext=[
-                    f"rank {r} · iteration {it}<br>backward overlap "
-                    + (f"{f.overlap:.0%}" if math.isfinite(f.overlap) else "—")
-                    + f"<br>exposed {fmt_ms(f.exposed)}"
-                    for it, f in zip(its, found, strict=True)
-                ],
-                hoverinfo="text",
-            )
+            {
+                "type": "bar",
+                "name": f"rank {r}",
+                "x": np.array(its),
+                "y": np.array(
+                    [100 * f.overlap if math.isfinite(f.overlap) else np.nan for f in found]
+                ),
+                "marker": {"color": rank_color(r)},
+                "hovertext": np.array(
+                    [
+                        f"rank {r} · iteration {it}<br>backward overlap "
+                        + (f"{f.overlap:.0%}" if math.isfinite(f.overlap) else "—")
+                        + f"<br>exposed {fmt_ms(f.exposed)}"
+                        for it, f in zip(its, found, strict=True)
+                    ],
+                    dtype=object,
+                ),
+                "hoverinfo": "text",
+            }
         )
     sampled = every_nth(stride, len(shown), model.count())
     note = f" · {sampled}" if sampled else ""
     xaxis: dict[str, Any] = {"title": {"text": "iteration"}}
     if stride == 1 and len(shown) <= MAX_UNIT_TICKS:
         xaxis["dtick"] = 1
-    layout = {
+    layout: dict[str, Any] = {
         "barmode": "group",
         "title": {
             "text": f"Backward overlap per iteration{note}<br><sup>share of the collectives' "
@@ -69,18 +83,21 @@ def figure_overlap(model: TimelineModel, selected: int | None = None) -> go.Figu
         "height": 320,
         "margin": {"t": 80, "b": 50},
     }
-    return go.Figure(data=traces, layout=layout)
+    return traces, layout
 
 
 def figure_collectives(model: TimelineModel, iteration: int | None = None) -> go.Figure:
     """Every matched collective of ``iteration`` (None: the latest): each rank's arrival
     in ms after the first arrival, the straggler ringed, wait times in the hover."""
+    return figure(*collectives_spec(model, iteration))
+
+
+def collectives_spec(model: TimelineModel, iteration: int | None = None) -> Spec:
+    """``figure_collectives``'s traces and layout, as plain dicts (what a view redraws)."""
     it = iteration if iteration is not None else model.latest()
     found = model.collectives(it) if it is not None else []
     if not found:
-        return go.Figure(
-            layout={"title": {"text": "No collectives matched across ranks yet"}, "height": 200}
-        )
+        return [], {"title": {"text": "No collectives matched across ranks yet"}, "height": 200}
     labels = [f"{c.index}: {c.op} {fmt_bytes(float(c.nbytes))}" for c in found]
     per_rank: dict[int, dict[str, list[Any]]] = {}
     ring: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
@@ -106,46 +123,47 @@ def figure_collectives(model: TimelineModel, iteration: int | None = None) -> go
                 ring["x"].append(label)
                 ring["y"].append(lag)
                 ring["text"].append(text)
-    fig = go.Figure()
-    for r, pts in sorted(per_rank.items()):
-        fig.add_trace(
-            go.Scatter(
-                name=f"rank {r}",
-                mode="markers",
-                x=pts["x"],
-                y=pts["y"],
-                marker={"color": rank_color(r), "size": 9},
-                hovertext=pts["text"],
-                hoverinfo="text",
-            )
-        )
+    traces: list[dict[str, Any]] = [
+        {
+            "type": "scatter",
+            "name": f"rank {r}",
+            "mode": "markers",
+            "x": np.array(pts["x"], dtype=object),
+            "y": np.array(pts["y"]),
+            "marker": {"color": rank_color(r), "size": 9},
+            "hovertext": np.array(pts["text"], dtype=object),
+            "hoverinfo": "text",
+        }
+        for r, pts in sorted(per_rank.items())
+    ]
     if ring["x"]:
-        fig.add_trace(
-            go.Scatter(
-                name="straggler (the others waited)",
-                mode="markers",
-                x=ring["x"],
-                y=ring["y"],
-                marker={
+        traces.append(
+            {
+                "type": "scatter",
+                "name": "straggler (the others waited)",
+                "mode": "markers",
+                "x": np.array(ring["x"], dtype=object),
+                "y": np.array(ring["y"]),
+                "marker": {
                     "color": "rgba(0,0,0,0)",
                     "size": 17,
                     "line": {"color": STRAGGLER, "width": 2},
                 },
-                hovertext=ring["text"],
-                hoverinfo="text",
-            )
+                "hovertext": np.array(ring["text"], dtype=object),
+                "hoverinfo": "text",
+            }
         )
     most = max((w for c in found for w in c.waited.values()), default=0.0)
-    fig.update_layout(
-        title={
+    layout = {
+        "title": {
             "text": f"Collectives · iteration {it} · {len(found)} matched across ranks · "
             f"longest wait {fmt_ms(most)}<br><sup>arrival: when a rank issued it, after the "
             "first rank did; the ringed rank arrived last</sup>"
         },
-        xaxis={"title": {"text": "collective (in issue order)"}, "type": "category"},
-        yaxis={"title": {"text": "ms after the first arrival"}, "rangemode": "tozero"},
-        height=360,
-        margin={"t": 80, "b": 60},
-        hovermode="closest",
-    )
-    return fig
+        "xaxis": {"title": {"text": "collective (in issue order)"}, "type": "category"},
+        "yaxis": {"title": {"text": "ms after the first arrival"}, "rangemode": "tozero"},
+        "height": 360,
+        "margin": {"t": 80, "b": 60},
+        "hovermode": "closest",
+    }
+    return traces, layout

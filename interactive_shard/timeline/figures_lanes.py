@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 
 from interactive_shard.timeline.events import KINDS
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
@@ -167,18 +166,20 @@ def hover(s: TimelineSpan, origin: float) -> str:
 
 
 def _array(values: list[Any]) -> np.ndarray[Any, Any]:
-    """Plotly validates a numpy array at once, a list item by item (most of a redraw)."""
+    """Plotly validates a numpy array at once, a list item by item (a whole redraw),
+    and a patched one compares arrays at once too."""
     return np.asarray(values, dtype=object if values and isinstance(values[0], str) else None)
 
 
 def span_traces(
     lanes: Lanes, origin: float, *, legend: set[str] | None = None
-) -> list[go.Bar | go.Scatter]:
+) -> list[dict[str, Any]]:
     """One bar trace per kind (spans with a length) and one marker trace per kind
-    (instants), x in ms since ``origin``. ``legend``: kinds already in the legend (for
+    (instants), x in ms since ``origin``, as plain trace dicts (``ui.plain_figure``;
+    the unit tests validate them). ``legend``: kinds already in the legend (for
     subplots sharing one); updated with those shown here."""
     shown = legend if legend is not None else set()
-    out: list[go.Bar | go.Scatter] = []
+    out: list[dict[str, Any]] = []
     for kind in KINDS:
         mine = [i for i, s in enumerate(lanes.spans) if s.kind == kind]
         bars = [i for i in mine if lanes.spans[i].end > lanes.spans[i].start]
@@ -186,30 +187,35 @@ def span_traces(
         common: dict[str, Any] = {"name": kind, "legendgroup": kind, "hoverinfo": "text"}
         if bars:
             out.append(
-                go.Bar(
-                    orientation="h",
-                    y=_array([lanes.rows[i] for i in bars]),
-                    base=_array([(lanes.spans[i].start - origin) * 1e3 for i in bars]),
-                    x=_array([lanes.spans[i].duration * 1e3 for i in bars]),
-                    width=BAR_WIDTH,
-                    marker={"color": KIND_COLORS[kind], "line": {"width": 0.5, "color": "white"}},
-                    hovertext=_array([hover(lanes.spans[i], origin) for i in bars]),
-                    showlegend=kind not in shown,
+                {
+                    "type": "bar",
+                    "orientation": "h",
+                    "y": _array([lanes.rows[i] for i in bars]),
+                    "base": _array([(lanes.spans[i].start - origin) * 1e3 for i in bars]),
+                    "x": _array([lanes.spans[i].duration * 1e3 for i in bars]),
+                    "width": BAR_WIDTH,
+                    "marker": {
+                        "color": KIND_COLORS[kind],
+                        "line": {"width": 0.5, "color": "white"},
+                    },
+                    "hovertext": _array([hover(lanes.spans[i], origin) for i in bars]),
+                    "showlegend": kind not in shown,
                     **common,
-                )
+                }
             )
             shown.add(kind)
         if instants:
             out.append(
-                go.Scatter(
-                    mode="markers",
-                    y=_array([lanes.rows[i] for i in instants]),
-                    x=_array([(lanes.spans[i].start - origin) * 1e3 for i in instants]),
-                    marker={"color": KIND_COLORS[kind], "symbol": "diamond", "size": 9},
-                    hovertext=_array([hover(lanes.spans[i], origin) for i in instants]),
-                    showlegend=kind not in shown,
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "y": _array([lanes.rows[i] for i in instants]),
+                    "x": _array([(lanes.spans[i].start - origin) * 1e3 for i in instants]),
+                    "marker": {"color": KIND_COLORS[kind], "symbol": "diamond", "size": 9},
+                    "hovertext": _array([hover(lanes.spans[i], origin) for i in instants]),
+                    "showlegend": kind not in shown,
                     **common,
-                )
+                }
             )
             shown.add(kind)
     return out
@@ -222,7 +228,7 @@ def window_trace(
     origin: float,
     *,
     legend: set[str] | None = None,
-) -> go.Bar | None:
+) -> dict[str, Any] | None:
     """The backward phase (``model.phases``: the forward's end to the optimizer's start)
     of every (rank, iteration) shown, shaded behind the rank's lanes: where backward's
     collectives run, hidden under compute or exposed."""
@@ -241,19 +247,20 @@ def window_trace(
     first_time = legend is None or "window" not in legend
     if legend is not None:
         legend.add("window")
-    return go.Bar(
-        name="backward phase",
-        orientation="h",
-        y=y,
-        base=base,
-        x=x,
-        width=width,
-        marker={"color": KIND_COLORS["backward"], "line": {"width": 0}},
-        opacity=WINDOW_OPACITY,
-        hoverinfo="skip",
-        legendgroup="window",
-        showlegend=first_time,
-    )
+    return {
+        "type": "bar",
+        "name": "backward phase",
+        "orientation": "h",
+        "y": y,
+        "base": base,
+        "x": x,
+        "width": width,
+        "marker": {"color": KIND_COLORS["backward"], "line": {"width": 0}},
+        "opacity": WINDOW_OPACITY,
+        "hoverinfo": "skip",
+        "legendgroup": "window",
+        "showlegend": first_time,
+    }
 
 
 def height_for(rows: int) -> int:

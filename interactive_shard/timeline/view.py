@@ -18,17 +18,20 @@ from typing import Any, Literal
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from interactive_shard.buckets._redraw import Redrawn
 from interactive_shard.timeline.figures import (
+    Spec,
     backward_order,
     figure_side_by_side,
     figure_timeline,
     report_figures,
+    timeline_spec,
 )
-from interactive_shard.timeline.figures_collectives import figure_collectives, figure_overlap
+from interactive_shard.timeline.figures_collectives import collectives_spec, overlap_spec
 from interactive_shard.timeline.figures_lanes import KIND_COLORS
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import Panels, swap_figure
+from interactive_shard.ui.controls import Panels
 
 __all__ = ["TimelineView", "report_figures", "versus"]
 
@@ -136,6 +139,19 @@ class TimelineView(Panels, live.LazyWidget):
             self.current, iteration=self.iteration, ranks=self.ranks, depth=self.depth, label=label
         )
 
+    def _timeline_spec(self) -> Spec:
+        """``figure()`` as plain dicts: one run's straight from the model, the subplots
+        of two side by side through their figure (built by make_subplots)."""
+        if self.showing == "both" and self.other is not None:
+            fig = self.figure()
+            layout = fig.layout.to_plotly_json()
+            layout.pop("template", None)
+            return [t.to_plotly_json() for t in fig.data], layout
+        label = None if self.other is None else self.labels[self.showing == "b"]
+        return timeline_spec(
+            self.current, iteration=self.iteration, ranks=self.ranks, depth=self.depth, label=label
+        )
+
     def order_text(self) -> str:
         """The backward order on the rank shown (HTML): every span that started in the
         backward, in start order, its kind marked; both runs' when side by side."""
@@ -217,6 +233,13 @@ class TimelineView(Panels, live.LazyWidget):
         self.timeline_figure = go.FigureWidget()
         self.overlap_figure = go.FigureWidget()
         self.collectives_figure = go.FigureWidget()
+        # Redrawn with what changed only: a live view's next figure differs from the
+        # last in values, and validating a whole figure cost most of a refresh.
+        self._redrawn = {
+            "timeline": Redrawn(self.timeline_figure),
+            "overlap": Redrawn(self.overlap_figure),
+            "collectives": Redrawn(self.collectives_figure),
+        }
         for control in (
             self.run_toggle,
             self.rank_selector,
@@ -311,13 +334,13 @@ class TimelineView(Panels, live.LazyWidget):
         if self._changed("status", revisions):
             self.status_html.value = self._status()
         if self._changed("timeline", (*shown, self.depth)):
-            swap_figure(self.timeline_figure, self.figure())
+            self._redrawn["timeline"].draw(self._timeline_spec())
         if self._changed("order", (*shown, self.rank)):
             self.order_html.value = self.order_text()
         self.details.layout.display = "" if self.current.ranks else "none"
         if self._changed("panels", (revisions, self.showing, self.single)):
-            swap_figure(self.overlap_figure, figure_overlap(self.current, self.single))
-            swap_figure(self.collectives_figure, figure_collectives(self.current, self.single))
+            self._redrawn["overlap"].draw(overlap_spec(self.current, self.single))
+            self._redrawn["collectives"].draw(collectives_spec(self.current, self.single))
 
     def _sync_controls(self) -> None:
         """New ranks and iterations appear while the run goes on."""

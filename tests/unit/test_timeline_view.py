@@ -341,9 +341,7 @@ def test_versus_toggles_between_each_run_and_side_by_side(
     assert not any(t.name == "compiled_backward" for t in fig.data)
 
 
-def test_empty_state_then_a_live_run_redraws_only_on_new_data(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_empty_state_then_a_live_run_redraws_only_on_new_data() -> None:
     fake = FakeTimeline()
     model = model_of([])
     view = built(TimelineView(model))
@@ -355,20 +353,26 @@ def test_empty_state_then_a_live_run_redraws_only_on_new_data(
     view.refresh()
     assert view.details.layout.display == "" and view.iteration == 1
     assert "iteration 1 · 2 ranks" in view.timeline_figure.layout.title.text
-    swaps: list[go.FigureWidget] = []
-    monkeypatch.setattr("interactive_shard.timeline.view.swap_figure", lambda w, f: swaps.append(w))
+    drawn = {k: r.draws for k, r in view._redrawn.items()}
+
+    def redrawn() -> list[str]:
+        now = {k: r.draws for k, r in view._redrawn.items()}
+        out = [k for k in now if now[k] != drawn[k]]
+        drawn.update(now)
+        return out
+
     view.refresh()
-    assert swaps == []  # nothing new: no figure rebuilt
+    assert redrawn() == []  # nothing new: no figure rebuilt
     model.store.append(Event("log", 0, 0, 1.0, {"text": "not a timeline event"}))
     view.refresh()
-    assert swaps == []  # the revision did not change
+    assert redrawn() == []  # the revision did not change
     model.store.extend([e for e in events if e.step == 2])
     view.refresh()
     assert view.iteration == 2 and [v for _, v in view.iteration_selector.options][-1] == 2
-    assert swaps == [view.timeline_figure, view.overlap_figure, view.collectives_figure]
-    swaps.clear()
+    assert redrawn() == ["timeline", "overlap", "collectives"]
+    assert "iteration 2 · 2 ranks" in view.timeline_figure.layout.title.text  # patched
     view.depth_selector.value = 0
-    assert swaps == [view.timeline_figure]  # a control redraws only what it changes
+    assert redrawn() == ["timeline"]  # a control redraws only what it changes
 
 
 def test_displaying_run_timeline_shows_the_view(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -380,3 +384,27 @@ def test_displaying_run_timeline_shows_the_view(monkeypatch: pytest.MonkeyPatch)
     assert isinstance(widget, widgets.VBox) and isinstance(widget._ish_view, TimelineView)
     gc.collect()
     assert widget._ish_view in live._views
+
+
+def test_the_unvalidated_figures_validate_and_a_view_patches_what_changed() -> None:
+    # The figures are built from plain dicts (ui.plain_figure): plotly must accept them.
+    model = model_of(FakeTimeline(iterations=3).events())
+    empty = model_of([])
+    for fig in (
+        figure_timeline(model),
+        figure_timeline(model, iteration=2, ranks=[1], depth=0),
+        figure_overlap(model, 2),
+        figure_collectives(model, 2),
+        figure_timeline(empty),
+        figure_overlap(empty),
+        figure_collectives(empty),
+    ):
+        assert go.Figure(fig.to_dict()).to_dict()["layout"]["title"]["text"]
+    view = built(TimelineView(model))
+    whole = {k: r.whole for k, r in view._redrawn.items()}
+    view.iteration_selector.value = 2  # the same traces, other values: patched
+    assert {k: r.whole for k, r in view._redrawn.items()} == whole
+    assert "iteration 2" in view.timeline_figure.layout.title.text
+    assert "iteration 2" in view.collectives_figure.layout.title.text
+    drawn = figure_timeline(model, iteration=2)
+    assert [list(t.x) for t in view.timeline_figure.data] == [list(t.x) for t in drawn.data]

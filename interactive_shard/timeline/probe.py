@@ -50,7 +50,9 @@ What is spanned (``ish.watch(model, timeline=True, depth=None)``), all on the ra
 
 Spans are held and sent as one ``timeline_spans`` per iteration: at the next forward,
 after the optimizer step, at an explicit flush (``ctx.flush()``, the run's end) and at
-detach (one event per iteration, not per span: the kernel's cost is per event).
+detach (one event per iteration, not per span: the kernel's cost is per event). The
+event's step is the iteration (``TimelineWatch.step_is_iteration``), so the kernel files
+a batch without reading its spans.
 
 Caveats:
 

@@ -1,8 +1,10 @@
 """What a front end without a widget manager shows of a view: a summary and a figure.
 
-A view displays as its widget's mime bundle. JupyterLab, Notebook 7 and VS Code render
-the widget mime (``application/vnd.jupyter.widget-view+json``) and ignore the rest, since
-their widget renderer outranks every other. Everywhere else (an nbconvert HTML page, a
+A view displays as its widget's mime bundle. JupyterLab and Notebook 7 render the widget
+mime (``application/vnd.jupyter.widget-view+json``) and ignore the rest, since their
+widget renderer outranks every other (rank -10); VS Code puts ``application/vnd.*`` items
+first in the order they come (its ipynb code's ``orderOfMimeTypes``), so the widget mime
+comes first in the bundle, before plotly's. Everywhere else (an nbconvert HTML page, a
 notebook on a code host, a docs site, a front end with the widget manager missing) the
 widget mime is dropped, and the reader would see an empty box or ``VBox(children=...)``.
 So the bundle also carries the view as of display time:
@@ -29,7 +31,9 @@ log = logging.getLogger(__name__)
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
-MAX_FIGURE_CHARS = 40_000  # ~40 kB of JSON per figure: six views keep a notebook small
+MAX_FIGURE_CHARS = 16_000  # JSON per figure at most (indented in a notebook: ~1.4x)
+HOVER_CHARS = 6_000  # a larger figure drops its hover texts (the notebook keeps it)
+HOVER_KEYS = ("hovertext", "hovertemplate", "customdata")
 NOTE = "static summary as of display; the live view needs a Jupyter widget front end"
 
 
@@ -59,16 +63,24 @@ def static_of(view: Any) -> Static:
 
 
 def figure_json(fig: Any) -> dict[str, Any] | None:
-    """``fig`` as plotly mime JSON without its template (plotly.js draws its own default),
-    or None when larger than ``MAX_FIGURE_CHARS``."""
+    """``fig`` as plotly mime JSON without its template (plotly.js draws its own default).
+
+    A figure over ``HOVER_CHARS`` loses its hover texts (the bulk of a timeline's JSON:
+    a sentence per span); one still over ``MAX_FIGURE_CHARS`` is left out (None)."""
     import plotly.io as pio
 
-    text = pio.to_json(fig, validate=False, remove_uids=True)
-    data: dict[str, Any] = json.loads(text)
+    data: dict[str, Any] = json.loads(pio.to_json(fig, validate=False, remove_uids=True))
     data.get("layout", {}).pop("template", None)
-    if len(json.dumps(data, separators=(",", ":"))) > MAX_FIGURE_CHARS:
-        return None
-    return data
+    if _chars(data) > HOVER_CHARS:
+        for trace in data.get("data", []):
+            dropped = [trace.pop(key, None) for key in HOVER_KEYS]
+            if any(d is not None for d in dropped) and trace.get("hoverinfo") == "text":
+                trace["hoverinfo"] = "x+y+name"
+    return data if _chars(data) <= MAX_FIGURE_CHARS else None
+
+
+def _chars(data: dict[str, Any]) -> int:
+    return len(json.dumps(data, separators=(",", ":")))
 
 
 def bundle(view: Any, widget: Any, **_: Any) -> dict[str, Any] | None:

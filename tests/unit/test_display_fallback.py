@@ -4,10 +4,12 @@ summary, escaped HTML and a small plotly figure for every other (ui/fallback.py)
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
-from support import make_store
+from support import make_store, notebook_params
 
 from interactive_shard import features, testing
 from interactive_shard.cluster.run import Run
@@ -84,9 +86,14 @@ def test_html_is_escaped_and_a_large_figure_is_left_out() -> None:
     assert "<li>line &amp; &lt;script&gt;</li>" in page and "Title &lt;b&gt;" in page
     import plotly.graph_objects as go
 
-    big = go.Figure(go.Scatter(y=[float(i) / 7 for i in range(20_000)]))
+    big = go.Figure(go.Scatter(y=[float(i) / 7 for i in range(5_000)]))
     assert fallback.figure_json(big) is None
     assert fallback.figure_json(go.Figure(go.Scatter(y=[1, 2]))) is not None
+    # A large one keeps its points and drops its hover sentences.
+    hover = [f"span {i}: a long sentence that says what it is" for i in range(300)]
+    fig = go.Figure(go.Bar(x=list(range(300)), hovertext=hover, hoverinfo="text"))
+    (trace,) = fallback.figure_json(fig)["data"]  # type: ignore[index]
+    assert len(trace["x"]) == 300 and "hovertext" not in trace and trace["hoverinfo"] == "x+y+name"
 
 
 def test_a_closed_widget_shows_nothing() -> None:
@@ -99,3 +106,23 @@ def test_a_closed_widget_shows_nothing() -> None:
 def test_every_feature_names_a_summary() -> None:
     for f in features.FEATURES:
         assert f.summary is not None and callable(features.load(f.summary)), f.name
+
+
+MAX_NOTEBOOK_BYTES = 200_000  # 02 (seven bucket maps of a 29-parameter model): 190 kB
+
+
+@pytest.mark.parametrize("notebook", notebook_params())
+def test_committed_notebooks_carry_the_fallbacks_and_stay_small(notebook: Path) -> None:
+    nb = nbformat.read(notebook, as_version=4)
+    assert "widgets" not in nb.metadata, "saved widget state: build it with tools/build_notebook.py"
+    assert notebook.stat().st_size <= MAX_NOTEBOOK_BYTES
+    views = [
+        out["data"]
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if fallback.WIDGET_MIME in out.get("data", {})
+    ]
+    assert views, f"{notebook.name} shows no view"
+    for data in views:
+        assert "static summary" in data["text/plain"] and "ish-summary" in data["text/html"]

@@ -1,7 +1,9 @@
-"""What a user does with a notebook in JupyterLab, as Playwright steps.
+"""What a user does with a notebook in JupyterLab or Notebook 7, as Playwright steps.
 
-Selectors and command ids are JupyterLab 4's; they are kept here so a
-JupyterLab upgrade that renames one breaks one file.
+Selectors and command ids are JupyterLab 4's; Notebook 7 is built from the
+same components (its notebook page has the same panel, toolbar, menus and
+commands), so one set serves both. They are kept here so an upgrade that
+renames one breaks one file.
 """
 
 from __future__ import annotations
@@ -103,12 +105,16 @@ def run_menu_command(page: Page, menu: str, command: str) -> None:
     page.locator(f"li.lm-Menu-item[data-command='{command}']").click()
 
 
-def run_all(page: Page, timeout_s: float) -> None:
+def start_run_all(page: Page) -> None:
+    """Run > Run All Cells; return once a cell is queued or running, not when all ran."""
     run_menu_command(page, "Run", "runmenu:run-all")
     try:
         page.wait_for_function(RUN_STARTED_JS, timeout=RUN_START_TIMEOUT_S * 1000, polling=100)
     except PlaywrightTimeout as exc:
         raise AssertionError(f"Run All started no cell within {RUN_START_TIMEOUT_S} s") from exc
+
+
+def wait_run_finished(page: Page, timeout_s: float) -> None:
     try:
         page.wait_for_function(RUN_FINISHED_JS, timeout=timeout_s * 1000, polling=500)
     except PlaywrightTimeout as exc:

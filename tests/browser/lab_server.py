@@ -1,5 +1,8 @@
 """A throw-away JupyterLab server for browser tests.
 
+With the `notebook` package installed the same server also serves Notebook 7's
+pages (`/tree`, `/notebooks/<path>`), so one server serves both front ends.
+
 Everything the server reads or writes (config, data, runtime, settings,
 workspaces, the notebooks it serves) lives under one temporary folder, so a
 test run neither depends on nor changes the user's Jupyter set-up or the repo.
@@ -128,10 +131,11 @@ class LabServer:
             for session in self.api("GET", "/api/sessions")
         )
 
-    def delete_sessions(self) -> None:
-        """Shut down every kernel, so the next notebook starts from a fresh one."""
+    def delete_sessions(self, path: str | None = None) -> None:
+        """Shut down the kernel of `path` (default: every kernel), so a next run starts fresh."""
         for session in self.api("GET", "/api/sessions"):
-            self.api("DELETE", f"/api/sessions/{session['id']}")
+            if path is None or session["path"] == path:
+                self.api("DELETE", f"/api/sessions/{session['id']}")
 
     def log(self, tail: int = 6000) -> str:
         if not self.log_path.exists():

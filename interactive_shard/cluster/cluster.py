@@ -65,7 +65,7 @@ _run_ids = itertools.count(1)
 
 
 class ClusterClosedError(RuntimeError):
-    pass
+    """Raised by ``run`` and ``restart`` on a Cluster that was closed: create a new one."""
 
 
 class Cluster(live.ShowsView):
@@ -429,7 +429,7 @@ class Cluster(live.ShowsView):
             elif all(map(stacks.has_dump, new.values())):
                 if time.monotonic() - quiet_since >= stacks.QUIET_S:
                     break
-            time.sleep(0.02)
+            time.sleep(0.01)
         return {r: stacks.user_stack(lines) for r, lines in new.items() if stacks.has_dump(lines)}
 
     def interrupt(self, run: Run) -> None:

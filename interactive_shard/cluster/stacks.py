@@ -23,7 +23,7 @@ from typing import TextIO
 
 DUMP_SIGNAL = signal.SIGUSR1
 WAIT_S = 1.0  # the handler writes at once; this bounds a rank that does not answer
-QUIET_S = 0.15  # no new line for this long: the dump is complete
+QUIET_S = 0.05  # no new line for this long: the dump is complete (it is written at once)
 _HEADERS = ("Thread 0x", "Current thread 0x")
 _WORKER_LOOP = "in _serve"
 

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 OUT ?= out/demo
 
-.PHONY: demo test lab lint unit package integration notebooks browser bench clean
+.PHONY: demo test lab lint unit package integration notebooks docs browser bench clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 demo: $(STAMP)
 	$(PY) -m interactive_shard demo --out $(OUT)
 
-test: $(STAMP) lint unit package integration notebooks browser
+test: $(STAMP) lint unit package integration notebooks docs browser  # docs: tests/browser/test_docs.py opens site/
 
 lint: $(STAMP)
 	$(PY) -m ruff check interactive_shard tests benchmarks
@@ -37,6 +37,10 @@ integration: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m pytest tests/notebooks -q
 
+docs: $(STAMP)  # the docs site in site/ (README, docs/, notebooks with outputs, API); warnings fail
+	$(PY) tools/gen_event_docs.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 browser: $(STAMP)
 	$(PY) -m pytest tests/browser -q -rs
 
@@ -47,4 +51,4 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks
 
 clean:
-	rm -rf $(VENV) out .pytest_cache dist build
+	rm -rf $(VENV) out .pytest_cache dist build site

@@ -163,3 +163,14 @@ def test_notebook_title_is_its_first_markdown_line(tmp_path: Path) -> None:
     assert docs_hooks.notebook_title(tmp_path / "03-x.ipynb") == "03 · A heading"
     nbformat.write(notebook(), tmp_path / "04-y.ipynb")
     assert docs_hooks.notebook_title(tmp_path / "04-y.ipynb") == "04-y"
+
+
+def test_doctest_lines_are_fenced_as_code() -> None:
+    docs_griffe = _tool("docs_griffe")
+    text = "Usage.\n\n    >>> bm = run.buckets\n    >>> bm.health\n    'ok'\n\nAfter."
+    assert docs_griffe.fence_doctests(text) == (
+        "Usage.\n\n    ```pycon\n    >>> bm = run.buckets\n    >>> bm.health\n    'ok'\n"
+        "    ```\n\nAfter."
+    )
+    assert docs_griffe.fence_doctests(">>> x\n... y") == "```pycon\n>>> x\n... y\n```"
+    assert docs_griffe.fence_doctests("no code") == "no code"

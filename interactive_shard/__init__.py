@@ -1,9 +1,11 @@
 """interactive_shard: watch PyTorch DDP, FSDP2 and torch.compile on real ranks, live.
 
+```python
 import interactive_shard as ish
 cluster = ish.Cluster(nprocs=2)
 run = cluster.run(train)        # train(ctx) runs on every rank
 run.results, run.save("run.jsonl"), run.to_html("run.html")
+```
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ must need no network (no web fonts, no CDN; plotly.js is served by the site itse
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -136,6 +137,15 @@ def test_every_notebook_page_holds_its_figures(site: Path) -> None:
         expected = committed_figures(nbformat.read(src, as_version=4))
         assert html.count('<div class="ish-figure"') == expected, src.stem
         assert ("assets/plotly.min.js" in html) == (expected > 0), src.stem
+
+
+def test_no_page_loads_anything_from_the_network(site: Path) -> None:
+    # The pages the browser tests do not open are checked by their tags.
+    remote = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=[\"']?(?:https?:)?//")
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) >= 6
+    for html in pages:
+        assert not remote.search(html.read_text(encoding="utf-8")), html.relative_to(site)
 
 
 def test_notebook_page_offline_shows_its_figures(site: Path, offline: Offline) -> None:

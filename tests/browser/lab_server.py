@@ -39,6 +39,11 @@ LAB_SETTINGS: dict[str, dict[str, Any]] = {
         "windowingMode": "none",
     },
 }
+# No websocket pings: a page whose renderer is busy drawing widgets on a
+# loaded machine reads no ping for minutes, the server then closes its kernel
+# socket, and the replies lost with it leave cells "[*]" for good (seen on the
+# 2-core machine). Server and browser share this machine, so nothing is lost.
+SERVER_CONFIG: dict[str, Any] = {"ServerApp": {"tornado_settings": {"ws_ping_interval": 0}}}
 START_TIMEOUT_S = 60.0
 
 
@@ -70,6 +75,7 @@ class LabServer:
         dirs = {name: self.home / name for name in ("config", "data", "runtime", "settings")}
         for path in dirs.values():
             path.mkdir(parents=True, exist_ok=True)
+        (dirs["config"] / "jupyter_server_config.json").write_text(json.dumps(SERVER_CONFIG))
         for rel, value in LAB_SETTINGS.items():
             target = dirs["settings"] / rel
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -181,6 +181,10 @@ def on_post_page(output: str, page: Page, config: Any) -> str:
     return head + scripts + sep + tail
 
 
+def on_build_error(error: Exception) -> None:
+    on_post_build(None)  # a failed build leaves no temporary notebooks behind
+
+
 def on_post_build(config: Any) -> None:
     global _workdir
     if _workdir is not None:

@@ -38,3 +38,16 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
     return call
+
+
+def fsdp_param_groups(state: Any) -> list[Any]:
+    """An FSDP2 state's parameter groups (``FSDPParamGroup``), on every supported torch.
+
+    torch 2.13 keeps a list, ``FSDPState._fsdp_param_groups``; 2.11 and 2.12 keep one
+    group or None, ``_fsdp_param_group`` (measured: the list is missing there).
+    """
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]

@@ -15,7 +15,7 @@ from interactive_shard.precision import _probe_common as common
 from interactive_shard.precision._policy import policy_of
 from interactive_shard.precision._probe_common import Recorder, floating
 from interactive_shard.precision.events import Unit
-from interactive_shard.probing import guarded, in_backward
+from interactive_shard.probing import fsdp_param_groups, guarded, in_backward
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Fsdp2Recorder(Recorder):
     @staticmethod
     def _unit(fqn: str, state: Any, module_fqn: dict[int, str], fqns: set[str]) -> Unit:
         params, dtypes, numel = [], [], 0
-        for group in state._fsdp_param_groups:
+        for group in fsdp_param_groups(state):
             for fp in group.fsdp_params:
                 info = fp._module_info
                 params.append(_join(module_fqn.get(id(info.module), "?"), info.param_name))
@@ -139,7 +139,7 @@ class Fsdp2Recorder(Recorder):
                     ),
                 ]
                 undo += [h.remove for h in handles]
-            for group in state._fsdp_param_groups:
+            for group in fsdp_param_groups(state):
                 self._wrap_group(fqn, group)
                 hsdp |= DDPMeshInfo is not None and isinstance(group.mesh_info, DDPMeshInfo)
         if hsdp and _HSDP_ALL_REDUCE is not None:
@@ -194,7 +194,7 @@ class Fsdp2Recorder(Recorder):
                     [str(t.dtype) for t in before],
                     [_was_cast(b, a) for b, a in zip(before, after, strict=False)],
                 )
-            self.seen(fqn, "param", _unsharded_dtypes(state._fsdp_param_groups))
+            self.seen(fqn, "param", _unsharded_dtypes(fsdp_param_groups(state)))
 
         return hook
 
@@ -262,7 +262,7 @@ class Fsdp2Recorder(Recorder):
         return {
             id(fp.sharded_param): fqn
             for fqn, state, _ in self._states
-            for group in state._fsdp_param_groups
+            for group in fsdp_param_groups(state)
             for fp in group.fsdp_params
         }
 

@@ -17,7 +17,7 @@ from torch.optim.optimizer import (
 )
 
 from interactive_shard.buckets import _spy
-from interactive_shard.probing import guarded, in_backward
+from interactive_shard.probing import fsdp_param_groups, guarded, in_backward
 from interactive_shard.timeline import _collectives, _graph
 from interactive_shard.timeline._recorder import Recorder, clock
 
@@ -260,7 +260,7 @@ def _fsdp2_hooks(rec: Recorder, root: nn.Module) -> None:
         if id(state) in seen:
             continue
         seen.add(id(state))
-        for group in state._fsdp_param_groups:
+        for group in fsdp_param_groups(state):
             for method in ("pre_backward", "post_backward"):
                 _wrap_method(rec, group, method, f"{method}:{fqn}")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -30,22 +30,21 @@ class Line(NamedTuple):
     total: int  # points in the series (more than shown when thinned)
 
 
-def _thin(values: list[Any], max_points: int | None) -> np.ndarray:
-    """Every k-th point and the last: slicing the list costs the points kept, not the
-    series' length (a refresh must not grow with the run)."""
-    if max_points is None or len(values) <= max_points:
-        return np.asarray(values)  # numpy: plotly validates lists element by element
-    stride = -(-len(values) // max_points)
+def _thin(values: np.ndarray, max_points: int | None) -> np.ndarray:
+    """Every k-th point and the last: a strided view of the series' array costs the
+    points kept, not the series' length (a refresh must not grow with the run)."""
+    n = len(values)
+    if max_points is None or n <= max_points:
+        return values
+    stride = -(-n // max_points)
     kept = values[::stride]
-    if (len(values) - 1) % stride:
-        kept.append(values[-1])
-    return np.asarray(kept)
+    return kept if (n - 1) % stride == 0 else np.append(kept, values[-1])
 
 
 def scalar_lines(model: MonitorModel, max_points: int | None = None) -> list[Line]:
     """One line per (scalar, rank), in name then rank order, thinned to ``max_points``."""
     return [
-        Line(name, rank, _thin(s.steps, max_points), _thin(s.values, max_points), len(s.steps))
+        Line(name, rank, _thin(s.step_array, max_points), _thin(s.value_array, max_points), len(s))
         for name, per_rank in sorted(model.scalars.items())
         for rank, s in sorted(per_rank.items())
     ]

@@ -150,17 +150,18 @@ class MonitorModel:
             for i in np.flatnonzero(~inside).tolist():
                 self._outside_rank(events[i])
             events = list(itertools.compress(events, inside.tolist()))
+            ranks = ranks[inside]
         columns = _columns(events)
         if columns is None:  # some payload does not fit: decode one by one, skip those
             records = [self._scalars.decode(e) for e in events]
-            events = [e for e, r in zip(events, records, strict=True) if r is not None]
+            fits = [r is not None for r in records]
+            events, ranks = list(itertools.compress(events, fits)), ranks[np.array(fits, bool)]
             kept = [r for r in records if r is not None]
             columns = [r.name for r in kept], np.array([r.value for r in kept], np.float64)
         names_of, values = columns
         count = len(events)
         if not count:
             return
-        ranks = np.fromiter(map(_RANK, events), np.int64, count)
         steps = np.fromiter(map(_STEP, events), np.int64, count)
         names = sorted(set(names_of))
         if len(names) == 1:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import time
 import urllib.error
 import urllib.parse
 from dataclasses import dataclass, field
@@ -31,7 +30,8 @@ from lab_page import (
     wait_widgets_settled,
 )
 from lab_server import LabServer
-from playwright.sync_api import BrowserContext, ConsoleMessage, Page
+from playwright.sync_api import BrowserContext, ConsoleMessage, Page, Response
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 OPEN_TIMEOUT_S = 90
@@ -98,22 +98,24 @@ def copy_with_outputs_cleared(src: Path, dst: Path) -> None:
 
 
 def save_and_read(page: Page, server: LabServer, path: str) -> nbformat.NotebookNode:
-    """Save from the File menu; return the notebook as saved."""
+    """Save from the File menu; once the page's save request is answered, read the file."""
     api_path = "/api/contents/" + urllib.parse.quote(path)
-    before = server.api("GET", api_path + "?content=0")["last_modified"]
+
+    def is_save(response: Response) -> bool:
+        request = response.request
+        return request.method == "PUT" and urllib.parse.urlsplit(request.url).path == api_path
+
     # On a loaded machine a menu click can be lost while the page is busy drawing
-    # widgets: ask again (a second save of the same state is harmless).
+    # widgets: ask again (a second save of the same state is harmless). Waiting
+    # for the page's own request, not for the file to change, reads what it saved.
     for _attempt in range(SAVE_ATTEMPTS):
-        run_menu_command(page, "File", "docmanager:save")
-        deadline = time.monotonic() + SAVE_TIMEOUT_S
-        while time.monotonic() < deadline:
-            # The server writes the file in place, so a read during the save can
-            # see half a notebook (400 Bad Request): read again.
-            with contextlib.suppress(urllib.error.HTTPError):
-                model = server.api("GET", api_path + "?content=1")
-                if model["last_modified"] != before:
-                    return nbformat.from_dict(model["content"])
-            time.sleep(0.5)
+        try:
+            with page.expect_response(is_save, timeout=SAVE_TIMEOUT_S * 1000) as saved:
+                run_menu_command(page, "File", "docmanager:save")
+        except PlaywrightTimeout:
+            continue
+        if saved.value.ok:
+            return nbformat.from_dict(server.api("GET", api_path + "?content=1")["content"])
     raise AssertionError(
         f"{path}: not saved after {SAVE_ATTEMPTS} saves of {SAVE_TIMEOUT_S} s each"
     )

@@ -43,6 +43,27 @@ def test_since_returns_the_kinds_new_events_in_log_order(
     assert store.since(position, kinds) == ([], position)
 
 
+@given(
+    st.lists(st.lists(st.sampled_from(KINDS), max_size=40), max_size=6),
+    st.sets(st.sampled_from(KINDS)),
+    st.integers(0, 250),
+)
+def test_since_any_start_reads_runs_or_filters_alike(
+    batches: list[list[str]], kinds: set[str], start: int
+) -> None:
+    """Long runs are read per run, short interleaved ones by filtering the new events:
+    either way the kinds' events from ``start`` on, in log order."""
+    store, i = make_store(), 0
+    for batch in batches:
+        store.extend(event(i + j, k) for j, k in enumerate(batch))
+        i += len(batch)
+    start = min(start, len(store))
+    assert store.since(start, kinds) == (
+        [e for e in store.events(start) if e.kind in kinds],
+        len(store),
+    )
+
+
 def test_a_cursor_converts_in_bulk_and_skips_only_what_does_not_fit(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

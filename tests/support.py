@@ -79,3 +79,14 @@ def kill_tree(pid: int, descendants: list[psutil.Process] | None = None) -> None
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(descendants, timeout=10)
+
+
+def lifecycle_state(m: Any) -> dict[str, Any]:
+    """Everything a ``LifecycleModel``'s public API says, for comparing two models."""
+    out: dict[str, Any] = {"findings": m.findings, "ranks": m.ranks}
+    for rank in m.ranks:
+        out[f"bytes {rank}"] = m.bytes_by_purpose(rank)
+        out[f"collectives {rank}"] = m.collectives(rank)
+        for inst in m.instances_of(rank):
+            out[f"{rank}/{inst.serial}"] = (inst.settings, inst.hooks, inst.iterations)
+    return out

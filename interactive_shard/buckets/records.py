@@ -39,6 +39,16 @@ class WatchInfo(DdpWatch, kw_only=True, frozen=True):
         """The cap in MiB that DDP used (its default when none was passed)."""
         return self.bucket_bytes_cap / 2**20
 
+    @property
+    def caps_text(self) -> str:
+        """DDP's cap argument as the user wrote it (the probe reports caps as
+        bytes / 2**20: print 0.02, not 0.01999950408935547)."""
+        if self.bucket_cap_mb_list:
+            return f"bucket_cap_mb_list=[{', '.join(f'{c:.3g}' for c in self.bucket_cap_mb_list)}]"
+        if self.bucket_cap_mb is None:
+            return "bucket_cap_mb=default (25)"
+        return f"bucket_cap_mb={self.bucket_cap_mb:.3g}"
+
 
 Record = WatchInfo | ObservedBucket | IterationRecord
 _RECORDS: dict[str, type[Record]] = {

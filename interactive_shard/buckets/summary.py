@@ -42,12 +42,7 @@ def summary(model: BucketMap) -> str:
 
 
 def _settings(info: WatchInfo) -> str:
-    if info.bucket_cap_mb_list:
-        caps = f"bucket_cap_mb_list=[{', '.join(f'{c:.3g}' for c in info.bucket_cap_mb_list)}]"
-    elif info.bucket_cap_mb is None:
-        caps = "bucket_cap_mb=default (25)"
-    else:
-        caps = f"bucket_cap_mb={info.bucket_cap_mb:.3g}"
+    caps = info.caps_text
     delayed = f" + {len(info.delayed.fqns)} delayed" if info.delayed is not None else ""
     return (
         f"{len(info.fqns)} parameters{delayed} · DDP {caps}, find_unused_parameters="

@@ -119,13 +119,7 @@ class BucketMapView(live.LazyWidget):
         info = self.model.info
         if info is None:
             return "<i>Waiting for <code>ish.watch(ddp)</code> on the ranks…</i>"
-        # The probe reports caps as bytes / 2**20: print 0.02, not 0.01999950408935547.
-        if info.bucket_cap_mb_list:
-            caps = f"bucket_cap_mb_list=[{', '.join(f'{c:.3g}' for c in info.bucket_cap_mb_list)}]"
-        elif info.bucket_cap_mb is None:
-            caps = "bucket_cap_mb=default (25)"
-        else:
-            caps = f"bucket_cap_mb={info.bucket_cap_mb:.3g}"
+        caps = info.caps_text
         flags = (
             f"find_unused_parameters={info.find_unused_parameters}, "
             f"static_graph={info.static_graph}"

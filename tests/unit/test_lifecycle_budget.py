@@ -4,9 +4,9 @@ update leaves pending, the view saying so, the poller catching up, exact at the 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
+from support import lifecycle_state as state
 from support import make_store
 
 from interactive_shard.lifecycle import model
@@ -16,17 +16,6 @@ from interactive_shard.lifecycle.view import LifecycleView
 from interactive_shard.testing import FakeLifecycle
 
 STATES = list(STATE_COLORS)
-
-
-def state(m: LifecycleModel) -> dict[str, Any]:
-    """Everything the public API says (as test_lifecycle_scale's), to compare models."""
-    out: dict[str, Any] = {"findings": m.findings, "ranks": m.ranks}
-    for rank in m.ranks:
-        out[f"bytes {rank}"] = m.bytes_by_purpose(rank)
-        out[f"collectives {rank}"] = m.collectives(rank)
-        for inst in m.instances_of(rank):
-            out[f"{rank}/{inst.serial}"] = (inst.settings, inst.hooks, inst.iterations)
-    return out
 
 
 # A watch, checks every iteration (unfinished), a dropped forward, parts split in two,

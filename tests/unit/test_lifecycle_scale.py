@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from support import lifecycle_state as state
 from support import make_store
 
 from interactive_shard.lifecycle import _table, model
@@ -17,17 +18,6 @@ from interactive_shard.telemetry.schema import Event
 from interactive_shard.testing import FakeLifecycle
 
 STATES = list(STATE_COLORS)
-
-
-def state(m: LifecycleModel) -> dict[str, Any]:
-    """Everything the public API says, for comparing two models."""
-    out: dict[str, Any] = {"findings": m.findings, "ranks": m.ranks}
-    for rank in m.ranks:
-        out[f"bytes {rank}"] = m.bytes_by_purpose(rank)
-        out[f"collectives {rank}"] = m.collectives(rank)
-        for inst in m.instances_of(rank):
-            out[f"{rank}/{inst.serial}"] = (inst.settings, inst.hooks, inst.iterations)
-    return out
 
 
 FAKES = {

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import BrowserContext, ViewportSize, sync_playwright
+from playwright.sync_api import BrowserContext, Route, ViewportSize, sync_playwright
 
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
@@ -51,3 +51,23 @@ def browser(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             yield context
         finally:
             context.close()
+
+
+class Offline:
+    """A page that may load file:// URLs only; any other request is aborted and kept
+    (``fetched``): what a reader without network sees."""
+
+    def __init__(self, browser: BrowserContext) -> None:
+        self.fetched: list[str] = []
+        self.loaded: list[str] = []
+        self.page = browser.new_page()
+        self.page.route("**/*", self._route)
+
+    def _route(self, route: Route) -> None:
+        url = route.request.url
+        if url.startswith("file:"):
+            self.loaded.append(url)
+            route.continue_()
+        else:
+            self.fetched.append(url)
+            route.abort()

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import SCREENSHOTS
-from playwright.sync_api import BrowserContext, Page, Route
+from conftest import SCREENSHOTS, Offline
+from playwright.sync_api import BrowserContext, Page
 
 import interactive_shard
 
@@ -63,25 +63,6 @@ def site() -> Path:
     if not index.exists() or index.stat().st_mtime < newest_source():
         build(SITE)
     return SITE
-
-
-class Offline:
-    """A page that may load file:// URLs only; any other request is aborted and kept."""
-
-    def __init__(self, browser: BrowserContext) -> None:
-        self.fetched: list[str] = []
-        self.loaded: list[str] = []
-        self.page = browser.new_page()
-        self.page.route("**/*", self._route)
-
-    def _route(self, route: Route) -> None:
-        url = route.request.url
-        if url.startswith("file:"):
-            self.loaded.append(url)
-            route.continue_()
-        else:
-            self.fetched.append(url)
-            route.abort()
 
 
 @pytest.fixture

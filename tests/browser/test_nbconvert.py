@@ -22,8 +22,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import SCREENSHOTS
-from playwright.sync_api import BrowserContext, Route
+from conftest import SCREENSHOTS, Offline
+from playwright.sync_api import BrowserContext
 from support import notebook_params
 
 from interactive_shard.ui.fallback import WIDGET_MIME
@@ -69,18 +69,9 @@ def test_nbconvert_html_shows_every_view_offline(
     assert done.returncode == 0, done.stderr[-3000:]
     page_path = tmp_path / f"{notebook.stem}.html"
     assert "<script" not in _summaries(page_path.read_text())
-    fetched: list[str] = []
-
-    def offline(route: Route) -> None:
-        if route.request.url.startswith("file:"):
-            route.continue_()
-        else:
-            fetched.append(route.request.url)
-            route.abort()
-
-    page = browser.new_page()
+    offline = Offline(browser)
+    page = offline.page
     try:
-        page.route("**/*", offline)
         page.goto(page_path.as_uri())
         summaries = page.locator(".jp-OutputArea-output .ish-summary")
         summaries.first.wait_for(timeout=30_000)
@@ -98,6 +89,7 @@ def test_nbconvert_html_shows_every_view_offline(
         page.close()
     # nbconvert's template asks for require.js and MathJax (blocked: the page reads
     # without them); nothing asked for a widget manager.
+    fetched = offline.fetched
     assert not [url for url in fetched if "widget" in url or "unpkg" in url], fetched
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import SCREENSHOTS
-from playwright.sync_api import BrowserContext, Route
+from conftest import SCREENSHOTS, Offline
+from playwright.sync_api import BrowserContext
 
 from interactive_shard.demo import run_demo
 
@@ -15,18 +15,9 @@ pytestmark = pytest.mark.browser
 
 def test_demo_report_renders_offline(browser: BrowserContext, tmp_path: Path) -> None:
     index = run_demo(tmp_path / "demo", steps=5)
-    fetched: list[str] = []
-
-    def offline(route: Route) -> None:
-        if route.request.url.startswith("file:"):
-            route.continue_()
-        else:  # the report must not need the network
-            fetched.append(route.request.url)
-            route.abort()
-
-    page = browser.new_page()
+    offline = Offline(browser)  # the report must not need the network
+    page = offline.page
     try:
-        page.route("**/*", offline)
         page.goto(index.as_uri())
         plots = page.locator(".js-plotly-plot .plot-container")
         plots.first.wait_for(timeout=30_000)
@@ -46,4 +37,4 @@ def test_demo_report_renders_offline(browser: BrowserContext, tmp_path: Path) ->
         page.screenshot(path=str(SCREENSHOTS / "demo-report.png"), full_page=True)
     finally:
         page.close()
-    assert fetched == []
+    assert offline.fetched == []

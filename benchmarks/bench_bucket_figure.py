@@ -21,7 +21,7 @@ from interactive_shard.buckets.model import BucketMap
 from interactive_shard.buckets.view import BucketMapView
 from interactive_shard.example_models import llama_7b
 from interactive_shard.telemetry.store import RunInfo, RunStore
-from interactive_shard.testing import FakeParam, FakeRun
+from interactive_shard.testing import FakeParam, FakeRun, module_params
 
 PARAMS, BUCKETS, REPEAT = 1000, 100, 5
 PARAM_BYTES = 32 * 32 * 4
@@ -81,13 +81,7 @@ def scenario(modules: int) -> None:
 
 
 def seven_billion() -> None:
-    model = llama_7b()
-    owners = {
-        f"{m}.{n}" if m else n: (m, type(mod).__name__)
-        for m, mod in model.named_modules()
-        for n, _ in mod.named_parameters(recurse=False)
-    }
-    params = [FakeParam(f, tuple(t.shape), *owners[f]) for f, t in model.named_parameters()]
+    params = module_params(llama_7b())
     # 1 TB/s: an iteration's reductions (25 GiB) end before the next one starts.
     events = FakeRun(params, iterations=3, bytes_per_s=1e12).events()
     store = RunStore(RunInfo(world_size=2, backend="gloo", device_types=["cpu"]))

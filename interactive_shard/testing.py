@@ -101,6 +101,17 @@ def mlp_params(layers: int, width: int, prefix: str = "layers") -> list[FakePara
     return out
 
 
+def module_params(model: Any) -> list[FakeParam]:
+    """A real module's parameters as ``FakeParam`` (fqn, shape, owning module and its
+    type), e.g. ``example_models.llama_7b()``'s on meta: a real layout for fake runs."""
+    owners = {
+        f"{m}.{n}" if m else n: (m, type(mod).__name__)
+        for m, mod in model.named_modules()
+        for n, _ in mod.named_parameters(recurse=False)
+    }
+    return [FakeParam(fqn, tuple(t.shape), *owners[fqn]) for fqn, t in model.named_parameters()]
+
+
 @dataclass
 class FakeRun:
     """Settings of the fake run; ``events()`` returns every rank's events in time order."""

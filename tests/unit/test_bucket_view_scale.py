@@ -18,7 +18,7 @@ from interactive_shard.buckets.model import BucketMap
 from interactive_shard.buckets.view import BucketMapView
 from interactive_shard.example_models import llama_7b
 from interactive_shard.telemetry.schema import Event
-from interactive_shard.testing import FakeParam, FakeRun, mlp_params
+from interactive_shard.testing import FakeRun, mlp_params, module_params
 
 
 def shown(figure: Any) -> list[tuple[Any, ...]]:
@@ -104,13 +104,7 @@ def test_the_health_table_groups_a_finding_repeated_over_many_iterations() -> No
 
 
 def seven_billion_run(bytes_per_s: float) -> FakeRun:
-    model = llama_7b()
-    owners = {
-        f"{m}.{n}" if m else n: (m, type(mod).__name__)
-        for m, mod in model.named_modules()
-        for n, _ in mod.named_parameters(recurse=False)
-    }
-    params = [FakeParam(fqn, tuple(t.shape), *owners[fqn]) for fqn, t in model.named_parameters()]
+    params = module_params(llama_7b())
     return FakeRun(params, iterations=2, bytes_per_s=bytes_per_s)
 
 

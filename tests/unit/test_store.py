@@ -80,3 +80,30 @@ def test_a_cursor_converts_in_bulk_and_skips_only_what_does_not_fit(
     assert cursor.take_events() == []
     store.append(good[0])
     assert cursor.take_events() == [good[0]]
+
+
+@given(
+    st.lists(st.lists(st.sampled_from(KINDS), max_size=40), max_size=6),
+    st.sets(st.sampled_from(KINDS)),
+    st.integers(0, 250),
+    st.booleans(),
+)
+def test_positions_and_columns_find_the_kinds_events_untouched(
+    batches: list[list[str]], kinds: set[str], start: int, one_rank: bool
+) -> None:
+    """``positions`` + ``columns`` + ``at`` say what ``since`` does, as numpy columns;
+    a batch said to be one rank's (the collector's) files that rank for each event."""
+    store, i = make_store(), 0
+    for batch in batches:
+        made = [event(i + j, k) for j, k in enumerate(batch)]
+        if one_rank:
+            made = [Event(e.kind, 1, e.step, e.t, e.payload) for e in made]
+        store.extend(made, rank=1 if one_rank else None)
+        i += len(batch)
+    start = min(start, len(store))
+    positions, end = store.positions(start, kinds)
+    expected = store.since(start, kinds)[0]
+    assert end == len(store) and store.at(positions.tolist()) == expected
+    ranks, steps = store.columns(positions)
+    assert ranks.tolist() == [e.rank for e in expected]
+    assert steps.tolist() == [e.step for e in expected]

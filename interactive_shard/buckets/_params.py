@@ -120,9 +120,6 @@ def collect_params(
     if isinstance(source, nn.Module):
         return [_tensor_info(r.fqn, r.param, r.sparse_grad) for r in reducer_params(source, ignore)]
     pairs = source if isinstance(source, list) else list(source)
-    fast = _common_pairs(pairs)
-    if fast is not None:
-        return fast
     infos: list[ParamInfo] = []
     seen_tensors: dict[int, str] = {}
     tensor, spec = torch.Tensor, ParamSpec
@@ -149,45 +146,6 @@ def collect_params(
     if len(set(map(operator.itemgetter(0), infos))) != len(infos):
         twice = [fqn for fqn, n in Counter(p.fqn for p in infos).items() if n > 1]
         raise ValueError(f"fqns given twice: {twice}; name each parameter once")
-    return infos
-
-
-_PLAIN_TENSORS = frozenset({torch.Tensor, nn.Parameter})
-
-
-def _common_pairs(pairs: list[Any]) -> list[ParamInfo] | None:
-    """``collect_params`` of the common input, in one tight loop: ``(str, Tensor)``
-    pairs or ``(str, ParamSpec)`` pairs, none sparse, each tensor once, each name once.
-    One pass touches each tensor once (torch attributes are the cost; a ``map`` per
-    field read each tensor ten times, slower). None when any of that does not hold:
-    the checking loop then says which pair is wrong."""
-    if not pairs or set(map(type, pairs)) != {tuple} or set(map(len, pairs)) != {2}:
-        return None
-    names, values = zip(*pairs, strict=True)
-    kinds = set(map(type, values))
-    if set(map(type, names)) != {str} or len(set(names)) != len(names):
-        return None
-    infos: list[ParamInfo] = []
-    append, itemsize, make = infos.append, _ITEMSIZE, _make_info
-    if kinds == {ParamSpec}:
-        for fqn, spec in pairs:
-            dtype, numel = spec.dtype, math.prod(spec.shape)
-            size = itemsize.get(dtype) or itemsize.setdefault(dtype, dtype.itemsize)
-            sparse = spec.sparse_grad
-            append(make((fqn, spec.shape, dtype, spec.device, numel, numel * size, sparse)))
-        return infos
-    if not kinds <= _PLAIN_TENSORS or len(set(map(id, values))) != len(values):
-        return None
-    parameter = nn.Parameter
-    for fqn, t in pairs:
-        # Frozen (DDP leaves it out): _is_parameter inlined for the two types allowed here.
-        if not t.requires_grad and (type(t) is parameter or getattr(t, "_is_param", False)):
-            continue
-        if t.is_sparse:
-            return None
-        numel, dtype = t.numel(), t.dtype
-        size = itemsize.get(dtype) or itemsize.setdefault(dtype, dtype.itemsize)
-        append(make((fqn, tuple(t.shape), dtype, t.device, numel, numel * size, False)))
     return infos
 
 
@@ -304,7 +262,7 @@ def observe_ready_order(
 
 def resolve_ready_order(
     source: object,
-    params: list[ParamInfo],
+    fqns: list[str],
     ready_order: list[str] | None,
     example_inputs: tuple[Any, ...] | None,
     rebuilds: bool,
@@ -313,7 +271,6 @@ def resolve_ready_order(
 ) -> tuple[list[str], ReadyOrderSource, list[str]]:
     """The rebuild's ready order; ``ignore``: DDP keys of the delayed parameters, which
     may be in a given ``ready_order`` (they are dropped: DDP does not record them)."""
-    fqns = list(map(operator.itemgetter(0), params))  # ParamInfo.fqn
     if ready_order is not None and example_inputs is not None:
         raise ValueError("pass ready_order or example_inputs, not both")
     if ready_order is not None:

@@ -10,8 +10,8 @@ import statistics
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 
-from interactive_shard.timeline._index import RankEvents
 from interactive_shard.timeline._iteration import COLLECTIVE, Iteration
+from interactive_shard.timeline._ranks import RankEvents
 from interactive_shard.timeline._types import TimelineFinding
 from interactive_shard.timeline.events import Span
 
@@ -64,7 +64,7 @@ class Offsets:
         walked: list[tuple[int, object, object]] = []
         diffs: list[float] = []
         for it in here.iterations():
-            if it not in zero.raw:
+            if not zero.has(it):
                 continue
             walked.append((it, zero.stamp(it), here.stamp(it)))
             diffs += [m[0].end - m[rank].end for m in matches(it).values() if 0 in m and rank in m]

@@ -1,135 +1,122 @@
 """The timeline model's index of raw ``timeline_spans`` events: per rank, per iteration,
-undecoded.
+undecoded, as log positions (``_ranks.py``).
 
 A long run sends one batch per rank and iteration (100k events for 50k iterations on 2
 ranks, ~17 spans each); decoding all of them as they arrive would cost seconds, and a
 screen shows one iteration at a time. So an update only files each new event under its
-(rank, iteration), the event's ``step`` (the payload's ``iteration`` in recordings from
-before ``TimelineWatch.step_is_iteration``), and the model decodes an
-iteration's batches when something asks for it: a batch whose spans turn out malformed
-is counted then (``TimelineModel.skipped``). Reading the events is the cost that is
-left: each lies in memory next to its spans, far from the next one, so the loop reads
-each event once and everything else works on what it read."""
+(rank, iteration), and the model decodes an iteration's batches when something asks for
+it: a batch whose spans turn out malformed is counted then (``TimelineModel.skipped``).
+
+Note (filing without touching the events)
+-----------------------------------------
+Background: each event lies in memory next to its spans, far from the next one, so any
+pass over 100k of them (even reading ``e.rank``) misses the cache on each: reading them
+was most of an update (183 of 255 ms at 100k). Algorithm: the store keeps every event's
+rank and step as numpy columns (filled while the events were hot); a rank whose watch
+says ``step_is_iteration`` has its batches filed from those alone, in numpy, holding log
+positions (``RankEvents.file``); the decoder checks the payload's iteration agrees when
+it reads the batch. Caveats: recordings from before that field (the iteration only in
+the payload) and batches of a rank not yet watched are read one by one, as before; a
+rank that does not fit the rank column (-1 there: made in Python) is read from its
+events too, so it is filed under its real rank."""
 
 from __future__ import annotations
 
-import itertools
-import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from interactive_shard.telemetry.schema import Event
-from interactive_shard.timeline.events import TimelineWatch
+from interactive_shard.telemetry.store import RunStore
+from interactive_shard.timeline._ranks import Grown, RankEvents
+from interactive_shard.timeline.events import TimelineSpans, TimelineWatch
 
-_generations = itertools.count(1)
 WATCH = TimelineWatch.KIND
-
-
-class RankEvents:
-    """One rank's watch and its batches. ``raw`` maps an iteration to its batch, or to
-    its batches in arrival order when a flush split it (an Event is not tracked by the
-    garbage collector; 100k lists or tuples would be, and its collections would cost
-    more than filing them). ``generation`` changes when the rank is watched again, so
-    results cached for its earlier spans never match its new ones."""
-
-    __slots__ = ("checked", "generation", "raw", "sorted", "watch")
-
-    def __init__(self) -> None:
-        self.watch: TimelineWatch | None = None
-        self.raw: dict[int, Event | list[Event]] = {}
-        self.generation = next(_generations)
-        self.checked: dict[int, int] = {}  # iteration -> its batches decoded (and counted)
-        self.sorted: list[int] | None = []  # raw's keys ascending (None: to sort again)
-
-    def iterations(self) -> list[int]:
-        """Iterations with a batch, ascending (kept while batches come in order)."""
-        if self.sorted is None:
-            self.sorted = sorted(self.raw)
-        return self.sorted
-
-    def batches(self, iteration: int) -> list[Event]:
-        found = self.raw.get(iteration)
-        if found is None:
-            return []
-        return found if isinstance(found, list) else [found]
-
-    def stamp(self, iteration: int) -> tuple[int, int]:
-        """Changes whenever the iteration's data does: batches only ever add up."""
-        found = self.raw.get(iteration)
-        count = 0 if found is None else len(found) if isinstance(found, list) else 1
-        return self.generation, count
-
-    def note(self, new: list[int], ascending: bool) -> None:
-        """``new`` iterations were filed (``ascending``: in increasing order): after the
-        known ones, they are appended, else the next ``iterations()`` sorts them all."""
-        known = self.sorted
-        if known is None or not new:
-            return
-        if ascending and (not known or new[0] > known[-1]):
-            known.extend(new)
-        else:
-            self.sorted = None
-
-    @property
-    def spans(self) -> int:
-        """Spans received (reads every batch's length: for ``repr``)."""
-        found = (e.payload.get("spans") for e in self._events())
-        return sum(len(spans) for spans in found if type(spans) is list)
-
-    def _events(self) -> Iterator[Event]:
-        for found in self.raw.values():
-            yield from found if isinstance(found, list) else (found,)
-
-
-class _Filing:
-    """One rank's batches being filed by ``Index.add``."""
-
-    __slots__ = ("by_step", "raw", "size", "split")
-
-    def __init__(self, raw: dict[int, Event | list[Event]], by_step: bool) -> None:
-        self.raw = raw
-        self.by_step = by_step  # file by Event.step (the watch says it is the iteration)
-        self.size = len(raw)  # iterations it had: the ones after are new
-        self.split: list[tuple[int, Event]] = []
+SPANS = TimelineSpans.KIND
+_NO_RANK = -1  # the rank column's value for a rank that does not fit it
 
 
 class Index:
-    """Every rank's ``RankEvents``; ``add`` files new events (watches restart a rank)."""
+    """Every rank's ``RankEvents``; ``update`` files what arrived since the last one
+    (watches restart a rank)."""
 
-    def __init__(self, decode: Callable[[Event], Any | None]) -> None:
+    def __init__(self, store: RunStore, decode: Callable[[Event], Any | None]) -> None:
+        self.store = store
+        self.position = 0  # where the next update starts in the store's log
         self.ranks: dict[int, RankEvents] = {}
         self._decode = decode  # a cursor's: None (counted) when the event does not fit
-        self._every: list[int] | None = []  # iterations of any rank, ascending (None: stale)
-        self._members: set[int] = set()
+        self._every = Grown()  # iterations of any rank, ascending
+        self._every_list: list[int] | None = []  # the same as ints (None: stale)
 
     def iterations(self) -> list[int]:
         """Iterations with a batch on any rank, ascending: kept up to date as batches
-        are filed (while they read hot), sorted again only after a rank restarted."""
-        if self._every is None:
-            self._members = set().union(*(r.raw for r in self.ranks.values()))
-            self._every = sorted(self._members)
-        return self._every
+        are filed, merged again only after a rank restarted or a late batch."""
+        if self._every_list is None:
+            arrays = [r.array() for r in self.ranks.values()]
+            merged = np.unique(np.concatenate(arrays)) if arrays else np.empty(0, np.int64)
+            self._every.replace(merged)
+            self._every_list = merged.tolist()
+        return self._every_list
 
-    def add(self, events: list[Event]) -> bool:
-        """File ``events`` (batches and watches, in store order): each batch by its rank
-        and iteration, in one loop that reads each event once. A long run's events lie
-        far apart in memory (each next to its spans), so reading them is most of the
-        cost: the loop does no more than read and file, and what it filed is read back
-        from the dicts afterwards (new keys come last, in insertion order). A rank whose
-        watch says ``step_is_iteration`` is filed by ``Event.step``, its payload unread
-        (a third of the loop's time at 100k batches); the decoder checks the two agree."""
-        filing: dict[int, _Filing] = {}
-        refused: list[Event] = []
+    def update(self) -> bool:
+        """File the batches and watches stored since the last update, in log order:
+        True when any was filed."""
+        store = self.store
+        spans, end = store.positions(self.position, (SPANS,))
+        watches, _ = store.positions(self.position, (WATCH,))
+        watches = watches[watches < end]  # arrived after ``end``: the next update's
+        self.position = end
         changed = False
-        for event in events:
-            if event.kind == WATCH:  # rare: restarts the rank from here on
-                changed = self._close(filing.pop(event.rank, None), event.rank) or changed
-                changed = self._add_watch(event) or changed
+        cuts = spans.searchsorted(watches).tolist()
+        start = 0
+        for at, cut in zip(watches.tolist(), cuts, strict=True):  # rare: restarts a rank
+            changed = self._file(spans[start:cut]) or changed
+            changed = self._add_watch(store.at([at])[0]) or changed
+            start = cut
+        return self._file(spans[start:]) or changed
+
+    def _file(self, positions: np.ndarray) -> bool:
+        """File the batches at ``positions`` (no watch among them), rank by rank."""
+        if not len(positions):
+            return False
+        ranks, steps = self.store.columns(positions)
+        if ranks[0] == ranks[-1] and bool(np.all(ranks == ranks[0])):
+            groups = [(int(ranks[0]), positions, steps)]
+        else:
+            order = np.argsort(ranks, kind="stable")  # stable: each rank's in log order
+            sorted_ranks = ranks[order]
+            cuts = (np.flatnonzero(sorted_ranks[1:] != sorted_ranks[:-1]) + 1).tolist()
+            bounds = list(zip([0, *cuts], [*cuts, len(order)], strict=True))
+            groups = [
+                (int(sorted_ranks[a]), positions[order[a:b]], steps[order[a:b]]) for a, b in bounds
+            ]
+        changed = False
+        slow: list[int] = []
+        for rank, at, its in groups:
+            here = self.ranks.get(rank)
+            if rank == _NO_RANK or here is None or not here.by_step:
+                slow += at.tolist()
                 continue
-            mine = filing.get(event.rank)
-            if mine is None:
-                mine = filing[event.rank] = self._filing(event.rank)
-            if mine.by_step:
+            good = its >= 1
+            if not good.all():  # refused: counted when malformed (decoding says why)
+                for event in self.store.at(at[~good].tolist()):
+                    self._decode(event)
+                at, its = at[good], its[good]
+            changed = self._filed(here, its, at) or changed
+        if slow:
+            slow.sort()
+            changed = self._file_events(slow) or changed
+        return changed
+
+    def _file_events(self, positions: list[int]) -> bool:
+        """File batches by reading them: the payload's ``iteration`` (or the step, for
+        a rank that files by step but does not fit the rank column)."""
+        filing: dict[int, tuple[list[int], list[int]]] = {}
+        refused: list[Event] = []
+        for at, event in zip(positions, self.store.at(positions), strict=True):
+            here = self.ranks.get(event.rank)
+            if here is not None and here.by_step:
                 it = event.step
             else:
                 try:
@@ -140,77 +127,55 @@ class Index:
             if type(it) is not int or it < 1:
                 refused.append(event)
                 continue
-            # A fresh int, not the event's: that one lies next to the event, far from the
-            # next one, and every later pass over the new iterations (order, membership,
-            # the lists) would miss the cache on each; fresh ones lie together.
-            it += 0
-            if mine.raw.setdefault(it, event) is not event:
-                mine.split.append((it, event))  # a flush split the iteration
-        for rank, mine in filing.items():
-            changed = self._close(mine, rank) or changed
+            mine = filing.get(event.rank)
+            if mine is None:
+                mine = filing[event.rank] = ([], [])
+            mine[0].append(it)
+            mine[1].append(at)
+        changed = False
+        for rank, (its, where) in filing.items():
+            here = self.ranks.get(rank)
+            if here is None:  # a rank with no watch: known once a batch of it is filed
+                here = self.ranks[rank] = RankEvents(self.store.at)
+            filed = np.array(its, dtype=np.int64), np.array(where, dtype=np.int64)
+            changed = self._filed(here, *filed) or changed
         for event in refused:  # counted as malformed (decoding says why)
             self._decode(event)
         return changed
 
-    def _filing(self, rank: int) -> _Filing:
-        here = self.ranks.get(rank)
-        if here is None:  # a rank with no watch: known once a batch of it is filed
-            return _Filing({}, False)
-        watch = here.watch
-        return _Filing(here.raw, watch is not None and watch.step_is_iteration)
-
-    def _close(self, filing: _Filing | None, rank: int) -> bool:
-        """Finish filing ``rank``'s batches: its split iterations, and the iterations
-        new to it (the keys its dict gained) noted. True when it filed any."""
-        if filing is None:
+    def _filed(self, here: RankEvents, its: np.ndarray, at: np.ndarray) -> bool:
+        """File one rank's batches and note its new iterations: True when any."""
+        if not len(its):
             return False
-        raw = filing.raw
-        if not raw:
-            return False  # every batch refused
-        if rank not in self.ranks:
-            self.ranks[rank] = RankEvents()
-            self.ranks[rank].raw = raw
-        new = list(itertools.islice(raw, filing.size, None))
-        for it, event in filing.split:  # its batches, in arrival order
-            old = raw[it]
-            raw[it] = [*old, event] if isinstance(old, list) else [old, event]
-        ascending = _ascending(new)
-        self.ranks[rank].note(new, ascending)
-        self._note(new, ascending)
-        return bool(new or filing.split)
+        self._note(here.file(its, at))
+        return True
 
     def _add_watch(self, event: Event) -> bool:
         record = self._decode(event)
         if not isinstance(record, TimelineWatch):
             return False
         here = self.ranks.get(event.rank)
-        if here is None or here.watch is not None or here.raw:  # watched again: start over
-            if here is not None and here.raw:
-                self._every = None  # its iterations may be no other rank's
-            here = self.ranks[event.rank] = RankEvents()
+        if here is None or here.watch is not None or len(here):  # watched again: start over
+            if here is not None and len(here):
+                self._every_list = None  # its iterations may be no other rank's
+            here = self.ranks[event.rank] = RankEvents(self.store.at)
         here.watch = record
         return True
 
-    def _note(self, new: list[int], ascending: bool) -> None:
-        """Add ``new`` (one rank's) to the iterations of any rank. The common cases run
-        in C: all new (the rank ahead), none new (the others); ranks a few iterations
-        apart (a live run) add the few beyond the last."""
-        every, members = self._every, self._members
-        if every is None or not new:
+    def _note(self, new: np.ndarray) -> None:
+        """Add ``new`` (one rank's new iterations, ascending) to the iterations of any
+        rank. The common cases: all beyond the known (the rank ahead), none new (the
+        others); else merged when next asked."""
+        if self._every_list is None or not len(new):
             return
-        if members.isdisjoint(new):
-            fresh = new
-        elif members.issuperset(new):
-            return
-        else:
-            fresh = [it for it in new if it not in members]
-            ascending = _ascending(fresh)
-        members.update(fresh)
-        if ascending and (not every or fresh[0] > every[-1]):
-            every.extend(fresh)
-        else:
-            self._every = None  # out of order: sorted when asked
-
-
-def _ascending(xs: list[int]) -> bool:
-    return all(map(operator.lt, xs, xs[1:]))
+        every = self._every.view()
+        if len(every) and new[0] <= every[-1]:
+            at = np.minimum(every.searchsorted(new), len(every) - 1)
+            new = new[every[at] != new]
+            if not len(new):
+                return
+            if new[0] <= every[-1]:
+                self._every_list = None  # out of order: merged when asked
+                return
+        self._every.extend(new)
+        self._every_list.extend(new.tolist())

@@ -28,7 +28,7 @@ from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.timeline._across import Matches, Offsets, bunched, match, sample
 from interactive_shard.timeline._decoding import CACHED_ITERATIONS, Decoded, Decoder, Memo
-from interactive_shard.timeline._index import Index, RankEvents
+from interactive_shard.timeline._index import Index
 from interactive_shard.timeline._iteration import (
     BACKWARD,
     COLLECTIVE,
@@ -38,6 +38,7 @@ from interactive_shard.timeline._iteration import (
     Iteration,
     union,
 )
+from interactive_shard.timeline._ranks import RankEvents
 from interactive_shard.timeline._types import (
     Malformed,
     Matched,
@@ -82,7 +83,7 @@ class TimelineModel(ShowsView):
         self.store = store
         self.revision = 0  # grows whenever timeline data arrived; views compare it
         self._events = Cursor(store, _DECODE)
-        self._index = Index(self._events.decode)
+        self._index = Index(store, self._events.decode)
         self._decoder = Decoder(self._events)
         self._summaries: dict[tuple[int, int], tuple[tuple[int, int], Summary]] = {}
         self._memo = Memo()
@@ -91,9 +92,9 @@ class TimelineModel(ShowsView):
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
         """File new events (decoded when read); True when timeline data changed."""
-        if self._events.position == self.store.version:
+        if self._index.position == self.store.version:
             return False  # nothing at all arrived: no lock, no lookup
-        changed = self._index.add(self._events.take_events())
+        changed = self._index.update()
         if changed:
             self.revision += 1
         return changed
@@ -139,7 +140,7 @@ class TimelineModel(ShowsView):
 
     def has(self, rank: int, iteration: int) -> bool:
         """Whether ``rank`` sent a batch of ``iteration``."""
-        return iteration in self._rank(rank).raw
+        return self._rank(rank).has(iteration)
 
     def sample(
         self, most: int, keep: Iterable[int | None] = (), rank: int | None = None
@@ -317,7 +318,7 @@ class TimelineModel(ShowsView):
             (r, it)
             for r in ranks
             for it in (self._iterations(r) if chosen is None else chosen)
-            if it in self._index.ranks[r].raw and self.summary(r, it).bunched
+            if self._index.ranks[r].has(it) and self.summary(r, it).bunched
         ]
         return [bunched(hit, self.exposed)] if hit else []
 

@@ -65,12 +65,17 @@ def test_an_update_files_only_what_arrived_since_the_last() -> None:
     store = make_store(events[:21])
     m = TimelineModel(store)
     assert m.update() is True and m.iterations() == list(range(1, 11))
-    filed = {r: dict(m._index.ranks[r].raw) for r in m.ranks}
+
+    def filed(r: int) -> dict[int, list[int]]:  # iteration -> its batches' log positions
+        here = m._index.ranks[r]
+        return {it: here.positions(it) for it in here.iterations()}
+
+    before = {r: filed(r) for r in m.ranks}
     store.extend(events[21:])
     assert m.update() is True and m.count() == 30
-    for r, before in filed.items():  # the earlier batches kept, the new ones after them
-        raw = m._index.ranks[r].raw
-        assert list(raw)[: len(before)] == list(before)
-        assert all(raw[it] is e for it, e in before.items())
+    for r, was in before.items():  # the earlier batches kept, the new ones after them
+        now = filed(r)
+        assert list(now)[: len(was)] == list(was) and all(now[it] == p for it, p in was.items())
+        assert min(p for it, ps in now.items() if it not in was for p in ps) >= 21
     assert m.update() is False and m.skipped == 0
     assert msgspec.convert(events[-1].payload, TimelineSpans).iteration == m.latest()

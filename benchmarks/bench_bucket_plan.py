@@ -2,8 +2,15 @@
 
 Layouts: the 7B-class transformer of ``interactive_shard.example_models`` on the meta
 device (291 parameters, 6.7 B elements), and synthetic lists of 10,000 and 100,000
-meta-tensor parameters. Each line is the median of ``--repeats`` warm runs, next to
-issue 12's target where it sets one (planner <= 20 ms at 10,000 parameters).
+meta-tensor parameters. Each line is the best / median of ``--repeats`` warm runs, next
+to issue 12's target where it sets one (planner <= 20 ms at 10,000 parameters).
+
+For the synthetic lists, three columns side by side: ``plan_buckets`` (it builds the
+``Bucket`` objects on first access), the same call with both phases' buckets built
+(``plan.first_iteration`` and ``plan.rebuilt`` read), and torch's own
+``torch.distributed._compute_bucket_assignment_by_size`` on the same tensors, called
+as DDP calls it (construction, then the rebuild): index lists only, in C++. Each case
+first checks that the plan's buckets equal torch's (``equal``, or ``DIFFERS``).
 
     python benchmarks/bench_bucket_plan.py [--repeats 7] [--sizes 10000 100000]
 """
@@ -18,8 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from interactive_shard.buckets import ParamSpec, plan_buckets
+from interactive_shard.buckets import BucketPlan, ParamSpec, plan_buckets
+from interactive_shard.buckets._assign import BucketCaps
 from interactive_shard.example_models import llama_7b
 
 TARGET_MS = {10_000: 20.0}  # issue 12: planner <= 20 ms at 10k parameters
@@ -43,25 +52,73 @@ def timed_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
     return min(times), statistics.median(times)
 
 
-def cases(n: int) -> dict[str, Callable[[], Any]]:
+class Case:
+    """One synthetic layout: how to plan it, and what DDP would be asked to compute."""
+
+    def __init__(
+        self, plan: Callable[[], BucketPlan], tensors: list[torch.Tensor], **kwargs: Any
+    ) -> None:
+        self.plan, self.tensors = plan, tensors
+        caps = BucketCaps.from_mb(kwargs.get("bucket_cap_mb"), None)
+        find_unused = kwargs.get("find_unused_parameters", False)
+        self.first_limits = caps.first_iteration_limits(find_unused=find_unused, static_graph=False)
+        self.rebuild_limits = caps.rebuild_limits() if not find_unused else None
+        self.ready = kwargs.get("ready", list(range(len(tensors) - 1, -1, -1)))
+
+    def built(self) -> BucketPlan:
+        plan = self.plan()
+        plan.first_iteration, plan.rebuilt  # noqa: B018  # built on first access
+        return plan
+
+    def torch(self) -> tuple[list[list[int]], list[list[int]]]:
+        sparse = [False] * len(self.tensors)
+        first, _ = dist._compute_bucket_assignment_by_size(self.tensors, self.first_limits, sparse)
+        if self.rebuild_limits is None:  # find_unused_parameters: DDP never rebuilds
+            return first[::-1], first[::-1]
+        walk = [self.tensors[i] for i in self.ready]
+        rebuilt, _ = dist._compute_bucket_assignment_by_size(
+            walk, self.rebuild_limits, sparse, self.ready
+        )
+        return first[::-1], rebuilt
+
+    def equal(self) -> bool:
+        plan, (first, rebuilt) = self.built(), self.torch()
+        index = {fqn: i for i, fqn in enumerate(plan.param_order)}
+        ours = [
+            [[index[f] for f in b.fqns] for b in phase]
+            for phase in (plan.first_iteration, plan.rebuilt)
+        ]
+        return ours == [first, rebuilt]
+
+
+def cases(n: int) -> dict[str, Case]:
     params = meta_params(n)
+    tensors = [t for _, t in params]
     specs = [(name, ParamSpec(tuple(t.shape))) for name, t in params]
     mixed = [
         (name, torch.empty(t.shape, dtype=[torch.float32, torch.bfloat16][i % 2], device="meta"))
         for i, (name, t) in enumerate(params)
     ]
     order = [name for name, _ in params]
+    mb1: dict[str, Any] = {"bucket_cap_mb": 1}
     return {
-        "meta tensors, default caps": lambda: plan_buckets(params),
-        "meta tensors, bucket_cap_mb=1": lambda: plan_buckets(params, bucket_cap_mb=1),
-        "meta tensors, find_unused_parameters": lambda: plan_buckets(
-            params, find_unused_parameters=True
+        "meta tensors, default caps": Case(lambda: plan_buckets(params), tensors),
+        "meta tensors, bucket_cap_mb=1": Case(lambda: plan_buckets(params, **mb1), tensors, **mb1),
+        "meta tensors, find_unused_parameters": Case(
+            lambda: plan_buckets(params, find_unused_parameters=True),
+            tensors,
+            find_unused_parameters=True,
         ),
-        "ParamSpec, bucket_cap_mb=1": lambda: plan_buckets(specs, bucket_cap_mb=1),
-        "meta tensors, given ready_order": lambda: plan_buckets(
-            params, bucket_cap_mb=1, ready_order=order
+        "ParamSpec, bucket_cap_mb=1": Case(lambda: plan_buckets(specs, **mb1), tensors, **mb1),
+        "meta tensors, given ready_order": Case(
+            lambda: plan_buckets(params, ready_order=order, **mb1),
+            tensors,
+            ready=list(range(n)),
+            **mb1,
         ),
-        "meta fp32+bf16, bucket_cap_mb=1": lambda: plan_buckets(mixed, bucket_cap_mb=1),
+        "meta fp32+bf16, bucket_cap_mb=1": Case(
+            lambda: plan_buckets(mixed, **mb1), [t for _, t in mixed], **mb1
+        ),
     }
 
 
@@ -85,10 +142,18 @@ def main() -> None:
     for n in args.sizes:
         target = TARGET_MS.get(n)
         print(f"  {n:,} parameters" + (f" (target <= {target:.0f} ms):" if target else ":"))
-        for label, fn in cases(n).items():
-            low, mid = timed_ms(fn, args.repeats)
+        print(f"    {'':<38} {'plan_buckets':>17} {'+ buckets built':>17} {'torch C++ fn':>17}")
+        for label, case in cases(n).items():
+            same = "equal" if case.equal() else "DIFFERS"
+            (low, mid), built, native = (
+                timed_ms(fn, args.repeats) for fn in (case.plan, case.built, case.torch)
+            )
             verdict = "" if target is None else ("  PASS" if low <= target else "  FAIL")
-            print(f"    {label:<44} {low:8.1f} / {mid:8.1f} ms{verdict}", flush=True)
+            print(
+                f"    {label:<38} {low:6.1f} / {mid:6.1f} ms {built[0]:6.1f} / {built[1]:6.1f} ms"
+                f" {native[0]:6.1f} / {native[1]:6.1f} ms  {same}{verdict}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

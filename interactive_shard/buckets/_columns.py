@@ -294,8 +294,7 @@ def _without_frozen(
     an ``nn.Parameter`` or marked ``_is_param`` (``_params._is_parameter``); a plain
     frozen tensor stays, as in ``collect_params``. Plain tensors without any instance
     attribute (the common case: meta tensors) cannot be marked, so they all stay."""
-    frozen = itertools.compress(values, map(operator.not_, map(_REQUIRES_GRAD, values)))
-    if nn.Parameter not in kinds and not any(map(len, map(vars, frozen))):
+    if nn.Parameter not in kinds and not any(map(len, map(vars, values))):
         return values, names
     parameter = nn.Parameter
     keep = [

@@ -86,7 +86,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -184,11 +184,28 @@ class BucketPlan:
             raise ValueError("DDP never rebuilds here: rebuilt must equal first_iteration")
 
     @classmethod
-    def _trusted(cls, **fields: Any) -> BucketPlan:
-        """A plan the planner built (every field given), without ``__post_init__``."""
+    def _trusted(cls, lazy: dict[str, Any], **fields: Any) -> BucketPlan:
+        """A plan the planner built, without ``__post_init__``'s checks. ``lazy``: the
+        bucket lists, each a value, a callable that builds it on first access, or the
+        name of the field it is (``rebuilt`` is ``first_iteration`` without a rebuild)."""
         plan = cls.__new__(cls)
         plan.__dict__.update(fields)
+        ready = {name: value for name, value in lazy.items() if isinstance(value, list)}
+        plan.__dict__.update(ready, _pending={k: v for k, v in lazy.items() if k not in ready})
         return plan
+
+    if not TYPE_CHECKING:  # for mypy every attribute is declared: no catch-all here
+
+        def __getattr__(self, name: str) -> Any:
+            # Only a field not yet in the instance's dict gets here: a pending one.
+            pending = self.__dict__.get("_pending")
+            if not pending or name not in pending:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            make = pending[name]
+            value = getattr(self, make) if isinstance(make, str) else make()
+            # setdefault: a second thread building the same list keeps the first one's,
+            # so that ``rebuilt is first_iteration`` holds where it should.
+            return self.__dict__.setdefault(name, value)
 
     @property
     def rebuilds(self) -> bool:
@@ -289,34 +306,47 @@ def plan_buckets(
     first_limits = caps.first_iteration_limits(
         find_unused=find_unused_parameters, static_graph=static_graph
     )
+    # The buckets are built on first access (BucketPlan._trusted): the Bucket objects,
+    # thousands at 10,000 parameters, cost more than reading the tensors, and a caller
+    # that looks up a few parameters or the plan's summary needs none of them.
+    limits = caps.rebuild_limits()
+    given = None if source is ReadyOrderSource.ASSUMED else order
+    first: list[Bucket] | functools.partial[list[Bucket]] = []  # all delayed: no Reducer
+    if len(columns):  # registration order; sorted, then reversed (step 4)
+        first = functools.partial(_buckets, columns, first_limits, None, ready_order=False)
+    rebuilt: Any = "first_iteration"  # the same list when DDP never rebuilds
+    if rebuilds and len(columns):
+        rebuilt = functools.partial(_buckets, columns, limits, given, ready_order=True)
+    # Valid by construction: __post_init__'s checks were a fifth of planning 10,000
+    # parameters (tests/unit/test_bucket_plan.py runs them on planned layouts).
+    return BucketPlan._trusted(
+        {"first_iteration": first, "rebuilt": rebuilt},
+        param_order=columns.fqns,
+        ready_order=order,
+        ready_order_source=source,
+        caps=caps,
+        find_unused_parameters=find_unused_parameters,
+        static_graph=static_graph,
+        unused=unused,
+        delayed=delayed,
+    )
+
+
+def _buckets(
+    columns: ParamColumns, limits: list[int], order: list[str] | None, *, ready_order: bool
+) -> list[Bucket]:
+    """One phase's buckets: the construction's (registration order, numbered from the
+    last bucket) or, with ``ready_order``, the rebuild's in ``order`` (None: reverse
+    registration, DDP's guess)."""
     with _gc_paused():
         count = len(columns)
-        first: list[Bucket] = []  # every parameter delayed: DDP builds no Reducer
-        if count:  # registration order; sorted, then reversed (step 4)
-            first = columns.plan(
-                Bucket, range(count), first_limits, ready_order=False, reverse=True
-            )
-        rebuilt = first
-        if rebuilds and count:
-            walk: Sequence[int] = range(count - 1, -1, -1)  # reverse registration
-            if source is not ReadyOrderSource.ASSUMED:
-                index = {fqn: i for i, fqn in enumerate(columns.fqns)}
-                walk = list(map(index.__getitem__, order))
-            rebuilt = columns.plan(Bucket, walk, caps.rebuild_limits(), ready_order=True)
-        # Valid by construction: __post_init__'s checks were a fifth of planning 10,000
-        # parameters (tests/unit/test_bucket_plan.py runs them on planned layouts).
-        return BucketPlan._trusted(
-            first_iteration=first,
-            rebuilt=rebuilt,
-            param_order=columns.fqns,
-            ready_order=order,
-            ready_order_source=source,
-            caps=caps,
-            find_unused_parameters=find_unused_parameters,
-            static_graph=static_graph,
-            unused=unused,
-            delayed=delayed,
-        )
+        if not ready_order:
+            return columns.plan(Bucket, range(count), limits, ready_order=False, reverse=True)
+        walk: Sequence[int] = range(count - 1, -1, -1)
+        if order is not None:
+            index = {fqn: i for i, fqn in enumerate(columns.fqns)}
+            walk = list(map(index.__getitem__, order))
+        return columns.plan(Bucket, walk, limits, ready_order=True)
 
 
 @contextlib.contextmanager

@@ -92,7 +92,7 @@ class Health:
         self._seen = end
         alive = records.alive[start:end]
         iterations = records.iterations[start:end][alive]
-        events = records.events[start:end]
+        events = records.between(start, end)
         if not alive.all():
             events = [e for e, keep in zip(events, alive.tolist(), strict=True) if keep]
         keys = iterations.tolist()
@@ -127,7 +127,8 @@ class Health:
         column = records.iterations
         where = np.flatnonzero(np.isin(column, iterations) & records.alive)
         where = where[np.argsort(column[where], kind="stable")]  # arrival order within one
-        decoded = decode([records.events[p] for p in where.tolist()])
+        events = records.at(where)
+        decoded = decode(events)
         cuts = np.flatnonzero(np.diff(column[where])) + 1
         order = info.fqns if info is not None else []
         stuck_possible = analysis.reduction_unfinished(info)
@@ -140,7 +141,7 @@ class Health:
             for i in group.tolist():
                 record = decoded[i]
                 if record is not None:  # the last record of a rank wins
-                    per_rank[records.events[where[i]].rank] = record
+                    per_rank[events[i].rank] = record
             found = _findings(it, per_rank, info, order, stuck_possible)
             if found:
                 self.findings[it] = found

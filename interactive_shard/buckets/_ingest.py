@@ -1,11 +1,11 @@
 """How ``BucketMap`` reads the store: bucket events kept unread, watches in order.
 
-``BucketEvents`` is the model's lower half: it takes the new events of its three kinds
-from the store's index per kind (one ``since`` call per kind: no merge of kinds) and
-files ``bucket`` and ``ddp_iteration`` events unread (Note [Lazy bucket events] in
-``_raw.py``). A ``ddp_watch`` is rare and ordered against the others: when one came,
-the log is read in order from where the kinds stopped, so that a rank watched again
-has its earlier events superseded and only those. Malformed events are counted once
+``BucketEvents`` is the model's lower half: it takes where the new events of its three
+kinds lie in the store (``RunStore.positions``, one call per kind, touching no event)
+and files ``bucket`` and ``ddp_iteration`` events by position, unread (Note [Lazy
+bucket events] in ``_raw.py``). A ``ddp_watch`` is rare and ordered against the others
+by position, so that a rank watched again has its earlier events superseded and only
+those. Malformed events are counted once
 (``skipped``), the first of each kind logged.
 """
 
@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from interactive_shard.buckets import records
 from interactive_shard.buckets._raw import RawEvents
@@ -38,11 +39,11 @@ class BucketEvents:
         self.skipped = 0  # events that did not follow the schema (logged once per kind)
         self._bad: set[int] = set()  # ids of the stored events counted in skipped
         self._logged: set[str] = set()
-        self._position = {WATCH: 0, BUCKET: 0, ITERATION: 0}  # store position per kind
+        self._position = 0  # in the store: every event before it was filed
         self._store_length = -1  # at the last update (unchanged: nothing to read)
         self._infos: dict[int, WatchInfo] = {}
-        self._buckets = RawEvents(self._reject)  # indexed when asked
-        self._records = RawEvents(self._reject)  # indexed as health reads them
+        self._buckets = RawEvents(store, self._reject)  # indexed when asked
+        self._records = RawEvents(store, self._reject)  # indexed as health reads them
         self._raw = (self._buckets, self._records)
         self._forgotten = 0  # ranks superseded so far (a state of the indexes)
 
@@ -53,45 +54,39 @@ class BucketEvents:
         """Consume new events; True when bucket data changed."""
         if len(self.store) == self._store_length:
             return False
-        self._store_length = len(self.store)
-        pos = self._position
-        buckets, b_end = self.store.since(pos[BUCKET], (BUCKET,))
-        iterations, i_end = self.store.since(pos[ITERATION], (ITERATION,))
-        watches, w_end = self.store.since(pos[WATCH], (WATCH,))
-        if watches:  # rare: a rank watched (again); its events before that are superseded
-            changed = self._replay()
+        start, store = self._position, self.store
+        # Three reads (each under the store's lock): cut at the first one's end, so that
+        # each kind is read up to the same place, and what came since waits for the next.
+        watches, end = store.positions(start, (WATCH,))
+        buckets, _ = store.positions(start, (BUCKET,))
+        iterations, _ = store.positions(start, (ITERATION,))
+        buckets = buckets[: np.searchsorted(buckets, end)]
+        iterations = iterations[: np.searchsorted(iterations, end)]
+        self._position = self._store_length = end
+        if len(watches):  # rare: a rank watched (again); its events before that are superseded
+            changed = self._in_order(watches, buckets, iterations)
         else:
-            pos[BUCKET], pos[ITERATION], pos[WATCH] = b_end, i_end, w_end
             changed = self._add(buckets, iterations)
         if changed:
             self.revision += 1
         return changed
 
-    def _add(self, buckets: list[Event], iterations: list[Event]) -> bool:
+    def _add(self, buckets: np.ndarray, iterations: np.ndarray) -> bool:
         # Unread (Note [Lazy bucket events]): cache entries note the counts they saw.
         self._buckets.add(buckets)
         self._records.add(iterations)
-        return bool(buckets or iterations)
+        return bool(len(buckets) or len(iterations))
 
-    def _replay(self) -> bool:
-        """Read the log in order from where the first kind stopped: a ``ddp_watch``
-        splits its rank's events into superseded (before) and current (after)."""
-        start = min(self._position.values())
-        events = self.store.events(start)
-        changed = False
-        batch: dict[str, list[Event]] = {BUCKET: [], ITERATION: []}
-        for offset, e in enumerate(events):
-            if e.kind not in self._position or start + offset < self._position[e.kind]:
-                continue
-            if e.kind != WATCH:
-                batch[e.kind].append(e)
-                continue
-            changed |= self._add(batch[BUCKET], batch[ITERATION])
-            batch = {BUCKET: [], ITERATION: []}
-            changed |= self._watch(e)
-        changed |= self._add(batch[BUCKET], batch[ITERATION])
-        end = start + len(events)
-        self._position = dict.fromkeys(self._position, end)
+    def _in_order(self, watches: np.ndarray, buckets: np.ndarray, iterations: np.ndarray) -> bool:
+        """File the events between watches in log order: a ``ddp_watch`` splits its
+        rank's events into superseded (before) and current (after)."""
+        changed, b, i = False, 0, 0
+        for at, watch in zip(watches.tolist(), self.store.at(watches.tolist()), strict=True):
+            b_cut, i_cut = np.searchsorted(buckets, at), np.searchsorted(iterations, at)
+            changed |= self._add(buckets[b:b_cut], iterations[i:i_cut])
+            b, i = b_cut, i_cut
+            changed |= self._watch(watch)
+        changed |= self._add(buckets[b:], iterations[i:])
         return changed
 
     def _watch(self, e: Event) -> bool:
@@ -161,4 +156,4 @@ class BucketEvents:
 
     @staticmethod
     def _of(raw: RawEvents, iteration: int, rank: int) -> list[Event]:
-        return list(map(raw.events.__getitem__, raw.positions(iteration, rank)))
+        return raw.at(raw.rows(iteration, rank))

@@ -8,9 +8,11 @@ view shows one iteration. Decoding them all as they arrive cost most of a refres
 even reading one field of each of 100k new events costs tens of milliseconds (they are
 cold in memory: each read is a cache miss).
 
-Algorithm: ``RawEvents`` keeps the events as they came. ``index()`` reads each
-payload's ``iteration`` and the event's rank in one C-level pass into numpy columns
-(``iterations``, ``rank_column``), for the events not indexed yet, oldest first.
+Algorithm: ``RawEvents`` keeps the events' log positions (a numpy column, as
+``RunStore.positions`` gives them: an update touches no event) and fetches an event
+(``RunStore.at``) only when it is read. ``index()`` fetches the events not indexed
+yet, oldest first, and reads each payload's ``iteration`` and the event's rank in one
+C-level pass into numpy columns (``iterations``, ``rank_column``).
 ``BucketMap`` indexes when asked for something all events decide (the list of
 iterations, the ranks, a superseded rank), and its health check indexes the
 ``ddp_iteration`` events as it reads them (a time budget per refresh). What a live
@@ -40,24 +42,29 @@ from typing import Any
 import numpy as np
 
 from interactive_shard.telemetry.schema import MAX_WORLD_SIZE, Event
+from interactive_shard.telemetry.store import RunStore
 
 log = logging.getLogger("interactive_shard.buckets.model")
 
 PAYLOAD = operator.attrgetter("payload")
 RANK = operator.attrgetter("rank")
 WALK = 4096  # events a walk from the newest reads before indexing instead
+CHUNK = 64  # events a walk fetches first (then 4 times more each time)
 _ITERATION = operator.itemgetter("iteration")
 Reject = Callable[[Event, str], None]
 
 
 class RawEvents:
-    """Events of one kind in arrival order. Of the first ``indexed`` of them,
-    ``iterations`` and ``rank_column`` hold the payloads' iteration numbers and the
-    ranks (numpy columns), and ``alive`` is False for those a later ``ddp_watch`` of
-    their rank superseded; an event whose iteration cannot be read is dropped then."""
+    """Events of one kind in arrival order, held as their log positions in ``store``
+    (a row per event). Of the first ``indexed`` rows, ``iterations`` and
+    ``rank_column`` hold the payloads' iteration numbers and the ranks (numpy columns),
+    and ``alive`` is False for those a later ``ddp_watch`` of their rank superseded; an
+    event whose iteration cannot be read is dropped then."""
 
-    def __init__(self, reject: Reject) -> None:
-        self.events: list[Event] = []
+    def __init__(self, store: RunStore, reject: Reject) -> None:
+        self._store = store
+        self._n = 0
+        self._where = np.empty(256, dtype=np.int64)  # row -> log position
         self.indexed = 0
         self._reject = reject
         self._iterations = np.empty(256, dtype=np.int64)
@@ -70,7 +77,7 @@ class RawEvents:
         self._last: dict[int, int] = {}  # rank -> iteration of its last indexed event
 
     def __len__(self) -> int:
-        return len(self.events)
+        return self._n
 
     @property
     def iterations(self) -> np.ndarray:
@@ -84,22 +91,37 @@ class RawEvents:
     def alive(self) -> np.ndarray:
         return self._alive[: self.indexed]
 
-    def add(self, events: list[Event]) -> None:
-        """Append ``events`` unread."""
-        self.events.extend(events)
+    def add(self, positions: np.ndarray) -> None:
+        """Append the events at log ``positions`` (ascending), unread."""
+        n, end = self._n, self._n + len(positions)
+        if end > len(self._where):
+            self._where = np.resize(self._where, max(2 * len(self._where), end))
+        self._where[n:end] = positions
+        self._n = end
+
+    def at(self, rows: np.ndarray | list[int]) -> list[Event]:
+        """The events of ``rows`` (fetched from the store)."""
+        return self._store.at(self._where[: self._n][rows].tolist())
+
+    def between(self, start: int, stop: int) -> list[Event]:
+        """The events of rows ``start`` to ``stop``."""
+        return self._store.at(self._where[start:stop].tolist())
 
     def index(self, upto: int | None = None) -> np.ndarray:
-        """Index the events not indexed yet (up to position ``upto``); returns their
+        """Index the events not indexed yet (up to row ``upto``); returns their
         iteration numbers."""
-        start, stop = self.indexed, len(self.events) if upto is None else upto
+        start, stop = self.indexed, self._n if upto is None else upto
         if start >= stop:
             return np.empty(0, dtype=np.int64)
-        new = self.events[start:stop]
+        new = self.between(start, stop)
         keys = _keys(new)
         if keys is None:
             kept, keys = _checked(new, self._reject)
-            if len(kept) != len(new):  # the unreadable ones leave the list
-                self.events[start:stop] = kept
+            if not kept.all():  # the unreadable ones leave the rows
+                where = self._where
+                rest = np.concatenate((where[start:stop][kept], where[stop : self._n]))
+                self._n = start + len(rest)
+                where[start : self._n] = rest
         iterations, ranks = keys >> _SHIFT, keys & _RANKS
         end = start + len(iterations)
         if end > len(self._iterations):
@@ -112,12 +134,12 @@ class RawEvents:
         self._alive[start:end] = True
         self.indexed = end
         self.ranks.update(np.unique(ranks).tolist())
-        if self.ordered and not self._in_order(iterations, ranks):
+        if self.ordered and len(ranks) and not self._in_order(iterations, ranks):
             self.ordered = False
             log.warning(
                 "%s events: a rank's iterations went down (events out of order); "
                 "every lookup reads them all from now on",
-                self.events[start].kind,
+                new[0].kind,
             )
         return iterations
 
@@ -141,8 +163,8 @@ class RawEvents:
             self._last[rank] = last
         return ok
 
-    def positions(self, iteration: int, rank: int | None = None) -> list[int]:
-        """Where the live indexed events of ``iteration`` (of ``rank``) are, in order."""
+    def rows(self, iteration: int, rank: int | None = None) -> list[int]:
+        """The rows of the live indexed events of ``iteration`` (of ``rank``), in order."""
         hit = self.iterations == iteration
         if rank is not None:
             hit &= self.rank_column == rank
@@ -158,7 +180,7 @@ class RawEvents:
         """The highest iteration of the events not indexed yet: walked back from the
         newest until each of ``ranks`` (and every rank met) was seen once, else indexed.
         None when every event is indexed."""
-        if self.indexed == len(self.events):
+        if self.indexed == self._n:
             return None
         if not self.ordered:
             tail = self.index()
@@ -168,7 +190,7 @@ class RawEvents:
             if e is None:  # too far back, or an unreadable event: index them
                 tail = self.index()
                 return int(tail.max()) if len(tail) else None
-            rank, it = e
+            rank, it, _ = e
             if rank not in seen:  # a rank's newest event holds its highest iteration
                 seen.add(rank)
                 top = max(top, it)
@@ -184,32 +206,35 @@ class RawEvents:
         if not self.ordered:
             return None
         found: list[Event] = []
-        position = len(self.events)
-        for e in self._walk():
-            if e is None:
+        for step in self._walk():
+            if step is None:
                 return None
-            position -= 1
-            here, it = e
+            here, it, e = step
             if here != rank:
                 continue
             if it == iteration:
-                found.append(self.events[position])
+                found.append(e)
             elif it < iteration:
                 break
         found.reverse()
         return found
 
     def _walk(self) -> Any:
-        """(rank, iteration) of the events not indexed yet, newest first; None (then
-        stop) past ``WALK`` events or at one whose iteration cannot be read."""
-        stop = max(self.indexed, len(self.events) - WALK)
-        for e in reversed(self.events[stop:]):
-            payload = e.payload
-            it = payload.get("iteration") if type(payload) is dict else None
-            if type(it) is not int or not 1 <= it <= _MAX_ITERATION:
-                yield None
-                return
-            yield e.rank, it
+        """(rank, iteration, event) of the events not indexed yet, newest first; None
+        (then stop) past ``WALK`` events or at one whose iteration cannot be read. The
+        events are fetched in growing chunks: a walk mostly stops within a few."""
+        stop = max(self.indexed, self._n - WALK)
+        end, chunk = self._n, CHUNK
+        while end > stop:
+            first = max(stop, end - chunk)
+            for e in reversed(self.between(first, end)):
+                payload = e.payload
+                it = payload.get("iteration") if type(payload) is dict else None
+                if type(it) is not int or not 1 <= it <= _MAX_ITERATION:
+                    yield None
+                    return
+                yield e.rank, it, e
+            end, chunk = first, 4 * chunk
         if stop > self.indexed:
             yield None
 
@@ -238,14 +263,16 @@ def _keys(events: list[Event]) -> np.ndarray | None:
     return keys if keys.min() >> _SHIFT >= 1 else None
 
 
-def _checked(events: list[Event], reject: Reject) -> tuple[list[Event], np.ndarray]:
+def _checked(events: list[Event], reject: Reject) -> tuple[np.ndarray, np.ndarray]:
+    """(which events have a readable iteration, their keys); the others rejected."""
     kept, keys = [], []
     for e in events:
         payload: Any = e.payload
         it = payload.get("iteration") if isinstance(payload, dict) else None
         if type(it) is int and 1 <= it <= _MAX_ITERATION:
-            kept.append(e)
+            kept.append(True)
             keys.append(it << _SHIFT | e.rank)
         else:
+            kept.append(False)
             reject(e, f"iteration {it!r}: iterations are ints from 1 (the first backward)")
-    return kept, np.array(keys, dtype=np.int64)
+    return np.array(kept, dtype=bool), np.array(keys, dtype=np.int64)

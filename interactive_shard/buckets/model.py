@@ -287,7 +287,7 @@ class BucketMap(BucketEvents, ShowsView):
         self, preferred: tuple[int, int]
     ) -> tuple[tuple[int, int], IterationRecord] | None:
         for iteration in preferred:
-            rows = self._records.positions(iteration)
+            rows = self._records.rows(iteration)
             for rank in sorted(set(self._records.rank_column[rows].tolist())):
                 record = self.record(iteration, rank)
                 if record is not None:

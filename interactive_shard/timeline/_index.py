@@ -35,6 +35,7 @@ from interactive_shard.timeline.events import TimelineSpans, TimelineWatch
 WATCH = TimelineWatch.KIND
 SPANS = TimelineSpans.KIND
 _NO_RANK = -1  # the rank column's value for a rank that does not fit it
+_FEW_RANKS = 8  # ranks in one update filed by a mask each (more: by one sort)
 
 
 class Index:
@@ -81,8 +82,10 @@ class Index:
         if not len(positions):
             return False
         ranks, steps = self.store.columns(positions)
-        if ranks[0] == ranks[-1] and bool(np.all(ranks == ranks[0])):
-            groups = [(int(ranks[0]), positions, steps)]
+        low, high = int(ranks.min()), int(ranks.max())
+        if high - low < _FEW_RANKS:  # a pass per rank (a mask) beats a sort of them all
+            picks = [np.flatnonzero(ranks == r) for r in range(low, high + 1)]
+            groups = [(low + k, positions[p], steps[p]) for k, p in enumerate(picks) if len(p)]
         else:
             order = np.argsort(ranks, kind="stable")  # stable: each rank's in log order
             sorted_ranks = ranks[order]

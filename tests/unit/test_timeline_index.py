@@ -42,9 +42,10 @@ def expected(events: list[Event]) -> dict[int, dict[int, list[int]]]:
     return out
 
 
+RANKS = (0, 1, 2, 20)
 stream = st.lists(
     st.tuples(
-        st.integers(0, 2),  # rank
+        st.integers(0, 3),  # RANKS[i]: a few close ones (a mask each), one far (a sort)
         st.integers(1, 12),  # iteration
         st.integers(0, 40),  # 0: this item is a watch (restarts the rank) instead
     ),
@@ -55,16 +56,17 @@ stream = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(
     items=stream,
-    by_step=st.lists(st.booleans(), min_size=3, max_size=3),
-    watched=st.lists(st.booleans(), min_size=3, max_size=3),
+    by_step=st.lists(st.booleans(), min_size=4, max_size=4),
+    watched=st.lists(st.booleans(), min_size=4, max_size=4),
     chunks=st.lists(st.integers(1, 20), max_size=8),
 )
 def test_filing_equals_reading_every_event(
     items: list[tuple[int, int, int]], by_step: list[bool], watched: list[bool], chunks: list[int]
 ) -> None:
-    events = [watch(r, by_step[r]) for r in range(3) if watched[r]]
-    for n, (r, it, k) in enumerate(items, 1):  # a batch's span starts at n: arrival order
-        events.append(watch(r, by_step[r]) if k == 0 else batch(r, it, n, by_step[r]))
+    events = [watch(r, by_step[i]) for i, r in enumerate(RANKS) if watched[i]]
+    for n, (i, it, k) in enumerate(items, 1):  # a batch's span starts at n: arrival order
+        r = RANKS[i]
+        events.append(watch(r, by_step[i]) if k == 0 else batch(r, it, n, by_step[i]))
     store = make_store()
     m = TimelineModel(store)
     start = 0

@@ -22,11 +22,8 @@ public API returns is always exact.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import compress
 from operator import attrgetter
-from time import perf_counter
 from typing import Any
 
 import msgspec
@@ -43,7 +40,7 @@ from interactive_shard.lifecycle._table import PURPOSE_ORDER as PURPOSE_ORDER
 from interactive_shard.lifecycle._table import PURPOSES as PURPOSES
 from interactive_shard.lifecycle._table import CheckRecord, NamePool, Parts, decode
 from interactive_shard.lifecycle.events import LifecycleCheck, LifecycleIteration, LifecycleWatch
-from interactive_shard.telemetry.consume import Cursor
+from interactive_shard.telemetry.consume import Budget, Cursor
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.ui.live import ShowsView
@@ -80,7 +77,8 @@ class LifecycleModel(ShowsView):
         self._backlog: deque[tuple[list[Event], bool]] = deque()
         self._backlog_at = 0
         self.pending = 0  # events in the backlog: what a budgeted update left
-        self._deadline: float | None = None  # perf_counter() time; None: no budget
+        # A view's refresh sets one (``with model.budget(seconds):``): see ``Budget``.
+        self.budget = Budget()
 
     # -- consuming events --------------------------------------------------------------------
     def update(self) -> bool:
@@ -98,30 +96,19 @@ class LifecycleModel(ShowsView):
             self.pending += len(events)
         # New events: some progress (a chunk, in store order) even when the budget is spent.
         changed = bool(events) and self._summarise()
-        while self._backlog and (self._deadline is None or perf_counter() < self._deadline):
+        while self._backlog and not self.budget.spent:
             changed |= self._summarise()
         self._findings_of_checks()
         if changed:
             self.revision += 1
         return changed
 
-    @contextmanager
-    def budget(self, seconds: float) -> Iterator[None]:
-        """Updates inside (every read calls one) summarise for ``seconds`` in all, then
-        leave the rest ``pending`` for later: a view's refresh. An update that takes new
-        events summarises ``CHUNK`` of them whatever is left of the budget."""
-        self._deadline = perf_counter() + seconds
-        try:
-            yield
-        finally:
-            self._deadline = None
-
     def _summarise(self) -> bool:
         """The backlog's first events: all of its first entry without a budget, else
         ``CHUNK`` of them (any split summarises alike: parts merge across updates)."""
         events, mixed = self._backlog[0]
         at = self._backlog_at
-        end = len(events) if self._deadline is None else min(at + CHUNK, len(events))
+        end = min(at + CHUNK, len(events)) if self.budget.limited else len(events)
         chunk = events if (at, end) == (0, len(events)) else events[at:end]
         if end == len(events):
             self._backlog.popleft()

@@ -82,7 +82,7 @@ class LifecycleView(Panels, live.LazyWidget):
         self._drawn: dict[str, Any] = {}
         self._quiet = False  # set while the view itself moves a control
         self._store_seen = -1  # the store's version at the last refresh
-        self._catching_up = False  # a poller summarises what a refresh left
+        self._catch_up = live.CatchUp(self, REFRESH_BUDGET_S, POLL_BUDGET_S)
 
     # -- state (no widgets) ----------------------------------------------------------------
     @property
@@ -247,21 +247,8 @@ class LifecycleView(Panels, live.LazyWidget):
         # New events: some summarising now (a budget); none: only the redraw.
         grown = self.model.store.version != self._store_seen
         self._store_seen = self.model.store.version
-        with self.model.budget(REFRESH_BUDGET_S if grown else 0.0):
+        with self._catch_up(self.model, grown):
             self._refresh()
-        if self.model.pending and not self._catching_up:  # a burst: finish between ticks
-            self._catching_up = True
-            live.keep_polling(self._catch_up)
-
-    def _catch_up(self) -> bool:
-        """The poller's question, asked between ticks until it says True: summarise some
-        more of what the refreshes left (the tick after it redraws)."""
-        if not self.closed:
-            with self.model.budget(POLL_BUDGET_S):
-                self.model.update()
-        done = self.closed or not self.model.pending
-        self._catching_up = not done
-        return done
 
     def _refresh(self) -> None:
         self.model.update()

@@ -50,14 +50,16 @@ def scalar_lines(model: MonitorModel, max_points: int | None = None) -> list[Lin
     ]
 
 
-def title(lines: list[Line]) -> str:
-    """The figure's title; says when lines are thinned (a screen shows ~2,000 points)."""
+def title(lines: list[Line], pending: int = 0) -> str:
+    """The figure's title; says when lines are thinned (a screen shows ~2,000 points)
+    and how many scalars a view's refresh left to read (``MonitorModel.pending``)."""
     thinned = [ln for ln in lines if len(ln.steps) < ln.total]
+    left = f" · reading: {pending:,} scalar(s) to go" if pending else ""
     if not thinned:
-        return TITLE
+        return TITLE + left
     longest = max(thinned, key=lambda ln: ln.total)
     stride = -(-longest.total // max(len(longest.steps) - 1, 1))
-    return f"{TITLE} (every {stride}th point of {longest.total:,} shown)"
+    return f"{TITLE} (every {stride}th point of {longest.total:,} shown){left}"
 
 
 def figure_scalars(model: MonitorModel, max_points: int | None = None) -> go.Figure:
@@ -79,7 +81,7 @@ def figure_scalars(model: MonitorModel, max_points: int | None = None) -> go.Fig
             )
         )
     fig.update_layout(
-        title=title(lines),
+        title=title(lines, model.pending),
         xaxis_title="step",
         height=300,
         margin={"l": 50, "r": 20, "t": 40, "b": 40},

@@ -17,13 +17,14 @@ import numpy as np
 
 from interactive_shard.cluster.events import Log, Progress, Scalar, State
 from interactive_shard.cluster.state import RankState
-from interactive_shard.telemetry.consume import Cursor
+from interactive_shard.telemetry.consume import Budget, Cursor
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
 
 log = logging.getLogger(__name__)
 
 LOG_LINES = 8
+CHUNK = 8192  # scalars read between two looks at the clock under a budget (~5 ms)
 
 
 @dataclass
@@ -85,8 +86,15 @@ class MonitorModel:
     """Rank states, steps, logs and scalar series of one run's store.
 
     ``update`` costs what arrived since the last one: the monitor's own kinds come from
-    the store's index per kind, each kind's payloads decoded in one call (``Cursor``),
-    and of the other kinds (the features') only the steps are read.
+    the store's index per kind, each kind's payloads decoded in one call (``Cursor``);
+    the scalars' ranks and steps, and the steps of the other kinds (the features'),
+    come from the store's numpy columns, so of those only the scalars' payloads are read.
+
+    A view's refresh has a budget (``budget``, as the DDP lifecycle's): 100k new scalars
+    take ~60 ms to read (each payload is a cache miss away from the next), more than a
+    refresh may take. Scalars are then read in chunks of ``CHUNK`` until the budget is
+    spent, ``pending`` counts the rest and the view's poller reads them between ticks.
+    Outside a budget (``run.monitor``, the report, tests) an update reads everything.
     """
 
     def __init__(self, store: RunStore) -> None:
@@ -94,8 +102,12 @@ class MonitorModel:
         self.ranks = [RankStatus() for _ in range(store.info.world_size)]
         # scalar name -> rank -> series
         self.scalars: dict[str, dict[int, Series]] = {}
-        self._scalars = Cursor(store, {Scalar.KIND: Scalar})  # the many: read in bulk
+        self._scalars = Cursor(store, {Scalar.KIND: Scalar})  # decodes what does not fit
         self._cursor = Cursor(store, {k.KIND: k for k in (Progress, Log, State)})
+        self._taken = 0  # log position up to which scalars were taken (into the backlog)
+        self._backlog: deque[np.ndarray] = deque()  # their positions, not read yet
+        self.pending = 0  # scalars in the backlog
+        self.budget = Budget()
         self._others = 0  # log position up to which the other kinds' steps were read
         self._outside = 0  # events of a rank outside the run
         self.points = 0  # scalar values read so far: a figure redraws when it grows
@@ -112,12 +124,15 @@ class MonitorModel:
         fit its Struct: an unknown state, a scalar that is not a number...) is skipped
         and counted in ``skipped`` (logged once); the events after it are read as usual.
         """
-        skipped = self.skipped
+        skipped, points = self.skipped, self.points
         events, records = self._cursor.take_records()
-        scalars = self._scalars.take_events()
+        taken, self._taken = self.store.positions(self._taken, (Scalar.KIND,))
+        if len(taken):
+            self._backlog.append(taken)
+            self.pending += len(taken)
         ours = (Scalar.KIND, *self._cursor.decoders)
         others = [k for k in self.store.kinds() if k not in ours]
-        steps, self._others = self.store.since(self._others, others)
+        at, self._others = self.store.positions(self._others, others)
         ranks, n = self.ranks, len(self.ranks)
         for e, record in zip(events, records, strict=True):
             if not 0 <= e.rank < n:
@@ -132,38 +147,70 @@ class MonitorModel:
                 else:
                     status.state, status.detail = record.state, record.detail
                 status.step = max(status.step, e.step)
-        self._add_scalars(scalars)
-        for e in steps:  # any kind (a feature's too) tells how far the rank got
-            if not 0 <= e.rank < n:
-                self._outside_rank(e)
-            elif e.step > ranks[e.rank].step:
-                ranks[e.rank].step = e.step
-        return bool(events or scalars or steps or self.skipped != skipped)
+        # New scalars: some read now (a chunk) even when the budget is spent.
+        while self._backlog and (len(taken) or not self.budget.spent):
+            self._add_scalars(self._next_chunk())
+            taken = taken[:0]
+        # Any kind (a feature's too) tells how far the rank got.
+        self._note_steps(at, *self.store.columns(at))
+        return bool(events or len(at) or self.points != points or self.skipped != skipped)
 
-    def _add_scalars(self, events: list[Event]) -> None:
-        """Append ``events`` (scalars) to their series in bulk: numpy groups them by
-        (name, rank), however many arrived (a refresh may bring 100k)."""
+    def _next_chunk(self) -> np.ndarray:
+        """The backlog's next positions: all of it outside a budget, else ``CHUNK``."""
+        if not self.budget.limited:
+            chunk: np.ndarray = np.concatenate(self._backlog)
+            self._backlog.clear()
+        else:
+            first = self._backlog[0]
+            chunk, rest = first[:CHUNK], first[CHUNK:]
+            if len(rest):
+                self._backlog[0] = rest
+            else:
+                self._backlog.popleft()
+        self.pending -= len(chunk)
+        return chunk
+
+    def _note_steps(self, at: np.ndarray, ranks: np.ndarray, steps: np.ndarray) -> None:
+        """Raise each rank's step to the highest of ``steps``; the events of ranks outside
+        the run (at log positions ``at``) are skipped and counted."""
         n = len(self.ranks)
-        ranks = np.fromiter(map(_RANK, events), np.int64, len(events))
+        inside = (ranks >= 0) & (ranks < n)
+        if not inside.all():
+            for i in np.flatnonzero(~inside).tolist():
+                self._outside_rank(self.store.at([int(at[i])])[0])
+            ranks, steps = ranks[inside], steps[inside]
+        if not len(ranks):
+            return
+        top = np.full(n, np.iinfo(np.int64).min)
+        np.maximum.at(top, ranks, steps)
+        for rank in np.flatnonzero(top > np.iinfo(np.int64).min).tolist():
+            self.ranks[rank].step = max(self.ranks[rank].step, int(top[rank]))
+
+    def _add_scalars(self, at: np.ndarray) -> None:
+        """Append the scalars at log positions ``at`` to their series in bulk: numpy
+        groups them by (name, rank), however many arrived (a refresh may bring 100k)."""
+        n = len(self.ranks)
+        ranks, steps = self.store.columns(at)
+        events = self.store.at(at.tolist())
         inside = (ranks >= 0) & (ranks < n)
         if not inside.all():
             for i in np.flatnonzero(~inside).tolist():
                 self._outside_rank(events[i])
             events = list(itertools.compress(events, inside.tolist()))
-            ranks = ranks[inside]
+            ranks, steps = ranks[inside], steps[inside]
         columns = _columns(events)
         if columns is None:  # some payload does not fit: decode one by one, skip those
             records = [self._scalars.decode(e) for e in events]
-            fits = [r is not None for r in records]
-            events, ranks = list(itertools.compress(events, fits)), ranks[np.array(fits, bool)]
+            fits = np.array([r is not None for r in records], bool)
+            events, ranks, steps = list(itertools.compress(events, fits)), ranks[fits], steps[fits]
             kept = [r for r in records if r is not None]
             columns = [r.name for r in kept], np.array([r.value for r in kept], np.float64)
         names_of, values = columns
         count = len(events)
         if not count:
             return
-        steps = np.fromiter(map(_STEP, events), np.int64, count)
         names = sorted(set(names_of))
+        ranks = ranks.astype(np.int64)
         if len(names) == 1:
             keys = ranks
         else:
@@ -178,10 +225,7 @@ class MonitorModel:
             if series is None:
                 series = per_rank[rank] = Series()
             series.extend(steps[chunk], values[chunk])
-        top = np.full(n, np.iinfo(np.int64).min)
-        np.maximum.at(top, ranks, steps)
-        for rank in np.flatnonzero(top > np.iinfo(np.int64).min).tolist():
-            self.ranks[rank].step = max(self.ranks[rank].step, int(top[rank]))
+        self._note_steps(at[:0], ranks, steps)
         self.points += count
 
     def _outside_rank(self, e: Event) -> None:
@@ -197,7 +241,7 @@ class MonitorModel:
 
 
 _NUMBERS = {int, float}
-_RANK, _STEP, _PAYLOAD = (operator.attrgetter(a) for a in ("rank", "step", "payload"))
+_PAYLOAD = operator.attrgetter("payload")
 _VALUE = operator.itemgetter("value")
 
 

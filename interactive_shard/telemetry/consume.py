@@ -13,7 +13,9 @@ one, to skip just the ones that do not fit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from time import perf_counter
 from typing import Any
 
 import msgspec
@@ -108,3 +110,33 @@ class Cursor:
                 kind,
                 why,
             )
+
+
+class Budget:
+    """How long a model's updates may work: a view's refresh, then its poller, give the
+    updates inside ``with model.budget(seconds):`` that long in all, and a model takes
+    what the budget leaves for later (its ``pending``) at the next update. Outside a
+    budget (the public API, the report, tests) an update reads everything: exact.
+
+    A model spends it in chunks, looking at the clock between two: some progress at
+    every update with new events, however little is left (``spent`` is False then)."""
+
+    def __init__(self) -> None:
+        self._deadline: float | None = None  # perf_counter() time; None: no budget
+
+    @contextmanager
+    def __call__(self, seconds: float) -> Iterator[None]:
+        self._deadline = perf_counter() + seconds
+        try:
+            yield
+        finally:
+            self._deadline = None
+
+    @property
+    def limited(self) -> bool:
+        """Inside a budget: work in chunks."""
+        return self._deadline is not None
+
+    @property
+    def spent(self) -> bool:
+        return self._deadline is not None and perf_counter() >= self._deadline

@@ -8,11 +8,13 @@ with ``wait=False`` is polled from the kernel's event loop (also the main thread
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from interactive_shard.ui import fallback
@@ -89,6 +91,52 @@ class LazyWidget(ShowsView):
             built._repr_mimebundle_ = functools.partial(fallback.bundle, self, built)
             register(self)
         return self._widget
+
+
+class Budgeted(Protocol):
+    """A model whose updates a view may bound in time (``telemetry.consume.Budget``)."""
+
+    pending: int  # events taken from the store, not read yet
+
+    def budget(self, seconds: float) -> AbstractContextManager[None]: ...
+
+    def update(self) -> bool: ...
+
+
+class CatchUp:
+    """A view's refreshes under its model's time budget, and a poller for what they
+    leave: 100k new events cost more than a refresh may take (50 ms), so a refresh
+    reads for ``refresh_s`` and a poller reads the rest between ticks, ``poll_s`` at a
+    time (the tick after each redraws). Views say ``model.pending`` meanwhile."""
+
+    def __init__(self, view: LazyWidget, refresh_s: float = 0.02, poll_s: float = 0.05) -> None:
+        self._view = weakref.ref(view)
+        self.refresh_s, self.poll_s = refresh_s, poll_s
+        self._model: Budgeted | None = None
+        self._polling = False
+
+    @contextlib.contextmanager
+    def __call__(self, model: Budgeted, grown: bool) -> Iterator[None]:
+        """Around a refresh of ``model``'s view (``grown``: the store has new events;
+        else no reading, only the redraw)."""
+        with model.budget(self.refresh_s if grown else 0.0):
+            yield
+        self._model = model
+        if model.pending and not self._polling:  # a burst: finish between ticks
+            self._polling = True
+            keep_polling(self._poll)
+
+    def _poll(self) -> bool:
+        """The poller's question, asked between ticks until it says True."""
+        view, model = self._view(), self._model
+        gone = view is None or view.closed or model is None
+        if not gone:
+            assert model is not None
+            with model.budget(self.poll_s):
+                model.update()
+        done = gone or not model.pending  # type: ignore[union-attr]
+        self._polling = not done
+        return done
 
 
 class Throttle:

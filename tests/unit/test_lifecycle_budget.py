@@ -13,6 +13,7 @@ from interactive_shard.lifecycle import model
 from interactive_shard.lifecycle.figures import STATE_COLORS, figure_lifecycle
 from interactive_shard.lifecycle.model import LifecycleModel
 from interactive_shard.lifecycle.view import LifecycleView
+from interactive_shard.telemetry import consume
 from interactive_shard.testing import FakeLifecycle
 
 STATES = list(STATE_COLORS)
@@ -29,7 +30,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     budget of k.5 seconds summarises k chunks (k + 1 when the update took new ones)."""
     ticks = iter(range(10**9))
     monkeypatch.setattr(model, "CHUNK", 16)
-    monkeypatch.setattr(model, "perf_counter", lambda: float(next(ticks)))
+    monkeypatch.setattr(consume, "perf_counter", lambda: float(next(ticks)))
     yield
 
 
@@ -79,13 +80,13 @@ def test_the_view_says_what_is_left_and_its_poller_finishes(
     store.extend(events[10:])
     view.refresh()
     left = view.model.pending
-    assert left > 0 and polls == [view._catch_up]  # one poller, until it is done
+    assert left > 0 and polls == [view._catch_up._poll]  # one poller, until it is done
     assert f"reading: {left:,} event(s) to go" in view.status_html.value
     assert f"reading: {left:,} event(s) to go" in str(view.lifecycle_figure.layout.title.text)
     view.refresh()  # nothing new: a redraw, no summarising
     assert view.model.pending == left and len(polls) == 1
     for _ in range(left):  # a chunk a poll
-        if view._catch_up():
+        if view._catch_up._poll():
             break
     assert view.model.pending == 0
     view.refresh()  # the tick after the poller: the whole run, exact

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 # ``std::numeric_limits<size_t>`` would be larger, but DDP passes ``sys.maxsize``.
@@ -110,6 +111,10 @@ def spans(nbytes: Sequence[int], limits: Sequence[int]) -> list[tuple[int, int, 
     """Step 2 for the tensors of one key, in walk order: ``[(start, stop, limit), ...]``,
     each bucket a slice of the walk; the last one may still be open (it did not reach
     its limit). Needs at least one limit."""
+    if len(nbytes) >= _NUMPY_FROM:
+        found = _spans_numpy(nbytes, limits)
+        if found is not None:
+            return found
     total = list(itertools.accumulate(nbytes))  # non-decreasing: bytes are >= 0
     last, n = len(limits) - 1, len(total)
     out: list[tuple[int, int, int]] = []
@@ -122,6 +127,54 @@ def spans(nbytes: Sequence[int], limits: Sequence[int]) -> list[tuple[int, int, 
             break
         out.append((start, end + 1, limit))
         base, start, level = total[end], end + 1, min(level + 1, last)
+    return out
+
+
+_NUMPY_FROM = 512  # below this the pure-Python search is as fast
+_INT64_SAFE = 2**62  # totals and search targets stay below int64's limit
+
+
+def _spans_numpy(nbytes: Sequence[int], limits: Sequence[int]) -> list[tuple[int, int, int]] | None:
+    """``spans`` with one vectorised search for every bucket under the last (repeating)
+    limit: ``ends[s]`` is where a bucket opened at ``s`` closes, so the walk from bucket
+    to bucket is a list lookup each (5,000 buckets: ~1 ms, not ~5). None when a total
+    could overflow int64 (``ParamSpec`` shapes are unbounded): the caller then searches
+    in Python ints."""
+    grand = sum(nbytes)
+    if grand >= _INT64_SAFE:
+        return None
+    sizes = np.array(nbytes, dtype=np.int64)
+    total = np.cumsum(sizes)
+    n, last = len(sizes), len(limits) - 1
+    out: list[tuple[int, int, int]] = []
+    start = base = level = 0
+    while start < n and level < last:  # the limits before the last one: a bucket each
+        limit = limits[level]
+        if base + limit > grand:  # never reached: the bucket stays open
+            out.append((start, n, limit))
+            return out
+        end = max(start, int(np.searchsorted(total, base + limit)))
+        if end >= n:
+            out.append((start, n, limit))
+            return out
+        out.append((start, end + 1, limit))
+        base, start, level = int(total[end]), end + 1, level + 1
+    if start >= n:
+        return out
+    limit = limits[last]
+    if base + limit > grand:
+        out.append((start, n, limit))
+        return out
+    # Targets: the bytes before each tensor plus the limit (<= grand: no overflow).
+    ends = np.searchsorted(total, total - sizes + limit)
+    ends = np.maximum(ends, np.arange(n)).tolist()  # a zero limit closes at the opener
+    while start < n:
+        end = ends[start]
+        if end >= n:
+            out.append((start, n, limit))
+            break
+        out.append((start, end + 1, limit))
+        start = end + 1
     return out
 
 

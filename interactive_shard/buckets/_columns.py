@@ -67,20 +67,32 @@ class ParamColumns:
         self.devices = devices
         self.numels = numels
         self.sparse: list[bool] = sparse if sparse is not None else [False] * len(fqns)
-        kinds, places = set(dtypes), set(devices)
+
+    # What only the assignment needs is derived on first use (the buckets are built
+    # lazily, and the columns are a snapshot: nothing here reads a tensor).
+    @functools.cached_property
+    def nbytes(self) -> list[int]:
+        kinds = set(self.dtypes)
         for dtype in kinds - _ITEMSIZE.keys():
             _ITEMSIZE[dtype] = dtype.itemsize
         if len(kinds) == 1:
-            size = _ITEMSIZE[dtypes[0]]
-            self.nbytes: list[int] = list(map(operator.mul, numels, itertools.repeat(size)))
+            size = itertools.repeat(_ITEMSIZE[self.dtypes[0]])
+            return list(map(operator.mul, self.numels, size))
+        return list(map(operator.mul, self.numels, map(_ITEMSIZE.__getitem__, self.dtypes)))
+
+    @functools.cached_property
+    def names(self) -> dict[Key, tuple[str, str]]:
+        """Each ``(dtype, device)`` key present, with the strings a bucket shows."""
+        if len(set(self.dtypes)) == len(set(self.devices)) == 1:
+            keys = {(self.dtypes[0], self.devices[0])}
         else:
-            self.nbytes = list(map(operator.mul, numels, map(_ITEMSIZE.__getitem__, dtypes)))
-        if len(kinds) == len(places) == 1:
-            keyset = {(dtypes[0], devices[0])}
-        else:
-            keyset = set(zip(dtypes, devices, strict=True))
-        self.names = {key: (str(key[0]), str(key[1])) for key in keyset}
-        self.one_key = len(keyset) == 1 and not any(self.sparse)
+            keys = set(zip(self.dtypes, self.devices, strict=True))
+        return {key: (str(key[0]), str(key[1])) for key in keys}
+
+    @property
+    def one_key(self) -> bool:
+        """One ``(dtype, device)`` and no sparse gradient: every bucket a slice of the walk."""
+        return len(self.names) == 1 and not any(self.sparse)
 
     def __len__(self) -> int:
         return len(self.fqns)

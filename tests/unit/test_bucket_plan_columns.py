@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from interactive_shard.buckets import Bucket, BucketPlan, ParamSpec, plan_buckets
+from interactive_shard.buckets import Bucket, BucketPlan, ParamSpec, _assign, plan_buckets
 from interactive_shard.buckets._assign import BucketCaps, spans
 
 torch_assign = getattr(dist, "_compute_bucket_assignment_by_size", None)
@@ -143,24 +143,38 @@ def test_random_layouts_plan_as_torch_assigns(
     assert BucketPlan(**fields) == plan
 
 
-@given(
-    nbytes=st.lists(st.integers(0, 5000), min_size=1, max_size=60),
-    limits=st.lists(st.sampled_from([0, 1, 100, 999, 4096, 70000, sys.maxsize]), min_size=1),
-)
-def test_spans_close_where_the_running_total_reaches_the_limit(
-    nbytes: list[int], limits: list[int]
-) -> None:
-    # The definition, step by step: a tensor joins the open bucket, which closes once
-    # its bytes reach the limit; then the next limit applies (the last one repeats).
-    expected, start, total, level = [], 0, 0, 0
+def by_definition(nbytes: list[int], limits: list[int]) -> list[tuple[int, int, int]]:
+    """A tensor joins the open bucket, which closes once its bytes reach the limit;
+    then the next limit applies (the last one repeats)."""
+    out, start, total, level = [], 0, 0, 0
     for i, size in enumerate(nbytes):
         total += size
         if total >= limits[level]:
-            expected.append((start, i + 1, limits[level]))
+            out.append((start, i + 1, limits[level]))
             start, total, level = i + 1, 0, min(level + 1, len(limits) - 1)
     if start < len(nbytes):
-        expected.append((start, len(nbytes), limits[level]))
+        out.append((start, len(nbytes), limits[level]))
+    return out
+
+
+@given(
+    nbytes=st.lists(st.integers(0, 5000), min_size=1, max_size=60),
+    limits=st.lists(st.sampled_from([0, 1, 100, 999, 4096, 70000, sys.maxsize]), min_size=1),
+    repeat=st.sampled_from([1, 20]),  # 20: past _NUMPY_FROM, the vectorised search
+)
+def test_spans_close_where_the_running_total_reaches_the_limit(
+    nbytes: list[int], limits: list[int], repeat: int
+) -> None:
+    nbytes = nbytes * repeat
+    expected = by_definition(nbytes, limits)
     assert spans(nbytes, limits) == expected
+    assert _assign._spans_numpy(nbytes, limits) == expected
+
+
+def test_spans_beyond_int64_search_in_python_ints() -> None:
+    huge = [2**62, 2**62, 1, 2**70]  # ParamSpec shapes are unbounded
+    assert _assign._spans_numpy(huge * 200, [2**62]) is None
+    assert spans(huge * 200, [2**62])[:3] == [(0, 1, 2**62), (1, 2, 2**62), (2, 4, 2**62)]
 
 
 def test_frozen_tensors_in_pairs() -> None:

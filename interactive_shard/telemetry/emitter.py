@@ -37,7 +37,6 @@ CLOSE_LINGER_S = 5.0  # at close, how long queued events may take to leave
 SEND_QUEUE_BATCHES = 1000  # batches ZeroMQ queues on the rank before a send waits
 _monotonic = time.monotonic  # emit is a hot path: one lookup less
 _PLAIN = schema._PLAIN_TYPES
-_STR = frozenset((str,))
 # What the buffer holds: (kind, rank, step, t, payload), encoded as an Event.
 _Buffered = tuple[str, int, int, float, dict[str, Any]]
 
@@ -68,6 +67,18 @@ def _run_flush_hooks() -> None:
             method()
         except Exception:  # a probe bug must not lose the events already buffered
             log.exception("a flush hook failed: %r", method)
+
+
+# Note [Lock-free emit]
+# ~~~~~~~~~~~~~~~~~~~~~
+# ``emit`` runs for every event, from any thread (autograd hooks run on others), and a
+# lock around its append cost more than the rest of it. So the buffer is one list for
+# the emitter's life: ``emit`` appends to it without a lock (``list.append`` is atomic,
+# with or without the GIL: CPython locks the list itself when there is none), and only
+# sending holds the lock. A send takes the first ``n`` events by slicing and deletes
+# them (two atomic list operations): an append between the two lands after index
+# ``n`` and stays for the next send. Swapping in a fresh list instead would lose an
+# event whose thread read the old list just before the swap and appended just after.
 
 
 class Emitter:
@@ -116,12 +127,14 @@ class Emitter:
         self._thread.start()
 
     def emit(self, kind: str, payload: dict[str, Any], step: int | None = None) -> None:
-        # check_payload's common case in C loops (scalars under str keys); anything else
-        # (a container, a wrong type) goes through the full check, which names it.
-        if not (
-            _PLAIN.issuperset(map(type, payload.values())) and _STR.issuperset(map(type, payload))
-        ):
-            check_payload(kind, payload)
+        # check_payload's common case (scalars under str keys) inline: for the few fields
+        # of an event a loop costs less than C-level set tests (0.3 against 0.7 us);
+        # anything else (a container, a wrong type) goes through the full check, which
+        # names it.
+        for key, value in payload.items():
+            if type(value) not in _PLAIN or type(key) is not str:
+                check_payload(kind, payload)
+                break
         if step is None:
             step = self._step  # checked when set
         elif type(step) is not int or not MIN_STEP <= step <= MAX_STEP:
@@ -130,11 +143,12 @@ class Emitter:
             raise schema.PayloadError(f"emit(kind={kind!r}): kind must be a str.")
         # A tuple, not an Event: msgpack encodes both as the same array (Event is
         # array_like), and a tuple is a third cheaper to make on this hot path.
-        event = (kind, self.rank, step, _monotonic(), payload)
-        with self._lock:
-            self._buffer.append(event)
-            if len(self._buffer) >= self._max_batch:
-                self._send_locked(final=False)
+        buffer = self._buffer
+        buffer.append((kind, self.rank, step, _monotonic(), payload))  # atomic: no lock
+        if len(buffer) >= self._max_batch:
+            with self._lock:
+                if len(buffer) >= self._max_batch:  # not sent by another thread meanwhile
+                    self._send_locked(final=False)
 
     @property
     def step(self) -> int:
@@ -159,12 +173,18 @@ class Emitter:
 
     def _send_locked(self, *, final: bool) -> None:
         if self._closed:  # emitted after close(): nowhere to go
-            self.dropped += len(self._buffer)
-            self._buffer.clear()
+            n = len(self._buffer)
+            del self._buffer[:n]
+            self.dropped += n
             return
-        if not self._buffer and not final:
+        buffer = self._buffer
+        if not buffer and not final:
             return
-        events, self._buffer = self._buffer, []
+        # Emits append without the lock (Note [Lock-free emit]): take what is there now
+        # from the one buffer list; what threads append meanwhile stays for next time.
+        n = len(buffer)
+        events = buffer[:n]
+        del buffer[:n]
         self._send_events(events, schema.FINAL if final else 0)
 
     def _send_events(self, events: list[_Buffered], flags: int) -> None:

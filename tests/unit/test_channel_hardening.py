@@ -264,3 +264,34 @@ def test_listener_refuses_batches_for_foreign_or_unknown_ranks() -> None:
         sock.close(linger=0)
         ctx.term()
         assert len(listener.run.store) == 1 and listener.streams_closed == {1}
+
+
+def test_threads_emitting_while_flushes_run_lose_nothing(
+    collector: tuple[Collector, list[Batch]],
+) -> None:
+    """Note [Lock-free emit]: emits append without a lock while the timed flusher, full
+    buffers and explicit flushes send; every event arrives once, each thread's in order."""
+    c, received = collector
+    em = Emitter(c.address, c.token, rank=0, flush_interval=0.001, max_batch=97)
+    threads, per_thread = 4, 5000
+
+    def emit_many(t: int) -> None:
+        for i in range(per_thread):
+            em.emit("scalar", {"name": f"t{t}", "value": i})
+            if i % 1000 == 0:
+                em.flush()
+
+    workers = [threading.Thread(target=emit_many, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    em.flush(final=True)
+    _wait_for(lambda: any(b.final for b in received))
+    em.close()
+    seen: dict[str, list[int]] = {}
+    for batch in received:
+        for e in batch.events:
+            seen.setdefault(e.payload["name"], []).append(e.payload["value"])
+    assert em.dropped == 0
+    assert seen == {f"t{t}": list(range(per_thread)) for t in range(threads)}

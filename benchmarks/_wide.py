@@ -241,8 +241,8 @@ def _note_when_full(run: Run, total: int) -> list[float]:
     store, when = run.store, []
     extend = store.extend
 
-    def counted(events: Any) -> None:
-        extend(events)
+    def counted(events: Any, **kwargs: Any) -> None:
+        extend(events, **kwargs)
         if not when and len(store) >= total:
             when.append(time.monotonic())
 

@@ -148,6 +148,7 @@ def test_ddp_bucket_all_reduces_on_the_time_axis_match_the_bucket_probe(
         ["buckets", "ddp", "splits", "timeline"] if compiled else ["buckets", "ddp", "timeline"]
     )
     t = run.timeline
+    overlaps = []
     for rank in range(2):
         for it in (2, 3):
             spans = t.spans(rank=rank, iteration=it)
@@ -162,8 +163,11 @@ def test_ddp_bucket_all_reduces_on_the_time_axis_match_the_bucket_probe(
                 pieces = [s for s in spans if s.kind == "compiled_backward"]
                 partitions = run.splits.compilations(rank)[-1].partitions
                 assert len(pieces) == len(partitions) > 1
-            # DDP's all-reduces are asynchronous: they overlap the backward still running.
-            assert t.overlap(rank=rank, iteration=it) > 0
+            overlaps.append(t.overlap(rank=rank, iteration=it))
+    # DDP's all-reduces are asynchronous: they overlap the backward still running. Not
+    # in every iteration of a loaded 2-core machine (CI once saw one of the four at 0 %:
+    # the last piece's backward done before a descheduled rank launched its bucket).
+    assert max(overlaps) > 0, overlaps
 
 
 def _plain_vs_watched(ctx: Any) -> bool:

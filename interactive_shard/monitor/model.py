@@ -147,12 +147,11 @@ class MonitorModel:
                 else:
                     status.state, status.detail = record.state, record.detail
                 status.step = max(status.step, e.step)
-        # New scalars: some read now (a chunk) even when the budget is spent.
-        while self._backlog and (len(taken) or not self.budget.spent):
+        if len(taken):  # new scalars: a chunk read now, even when the budget is spent
             self._add_scalars(self._next_chunk())
-            taken = taken[:0]
-        # Any kind (a feature's too) tells how far the rank got.
-        self._note_steps(at, *self.store.columns(at))
+        while self._backlog and not self.budget.spent:
+            self._add_scalars(self._next_chunk())
+        self._note_steps(*self._inside(at)[1:])  # any kind (a feature's too) tells how far
         return bool(events or len(at) or self.points != points or self.skipped != skipped)
 
     def _next_chunk(self) -> np.ndarray:
@@ -170,18 +169,22 @@ class MonitorModel:
         self.pending -= len(chunk)
         return chunk
 
-    def _note_steps(self, at: np.ndarray, ranks: np.ndarray, steps: np.ndarray) -> None:
-        """Raise each rank's step to the highest of ``steps``; the events of ranks outside
-        the run (at log positions ``at``) are skipped and counted."""
-        n = len(self.ranks)
-        inside = (ranks >= 0) & (ranks < n)
-        if not inside.all():
-            for i in np.flatnonzero(~inside).tolist():
-                self._outside_rank(self.store.at([int(at[i])])[0])
-            ranks, steps = ranks[inside], steps[inside]
+    def _inside(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Of the events at log positions ``at``, those of the run's ranks: positions,
+        ranks and steps (the others are skipped and counted)."""
+        ranks, steps = self.store.columns(at)
+        inside = (ranks >= 0) & (ranks < len(self.ranks))
+        if inside.all():
+            return at, ranks, steps
+        for e in self.store.at(at[~inside].tolist()):
+            self._outside_rank(e)
+        return at[inside], ranks[inside], steps[inside]
+
+    def _note_steps(self, ranks: np.ndarray, steps: np.ndarray) -> None:
+        """Raise each rank's step to the highest of its ``steps``."""
         if not len(ranks):
             return
-        top = np.full(n, np.iinfo(np.int64).min)
+        top = np.full(len(self.ranks), np.iinfo(np.int64).min)
         np.maximum.at(top, ranks, steps)
         for rank in np.flatnonzero(top > np.iinfo(np.int64).min).tolist():
             self.ranks[rank].step = max(self.ranks[rank].step, int(top[rank]))
@@ -190,14 +193,8 @@ class MonitorModel:
         """Append the scalars at log positions ``at`` to their series in bulk: numpy
         groups them by (name, rank), however many arrived (a refresh may bring 100k)."""
         n = len(self.ranks)
-        ranks, steps = self.store.columns(at)
+        at, ranks, steps = self._inside(at)
         events = self.store.at(at.tolist())
-        inside = (ranks >= 0) & (ranks < n)
-        if not inside.all():
-            for i in np.flatnonzero(~inside).tolist():
-                self._outside_rank(events[i])
-            events = list(itertools.compress(events, inside.tolist()))
-            ranks, steps = ranks[inside], steps[inside]
         columns = _columns(events)
         if columns is None:  # some payload does not fit: decode one by one, skip those
             records = [self._scalars.decode(e) for e in events]
@@ -225,7 +222,7 @@ class MonitorModel:
             if series is None:
                 series = per_rank[rank] = Series()
             series.extend(steps[chunk], values[chunk])
-        self._note_steps(at[:0], ranks, steps)
+        self._note_steps(ranks, steps)
         self.points += count
 
     def _outside_rank(self, e: Event) -> None:

@@ -81,7 +81,6 @@ class LifecycleView(Panels, live.LazyWidget):
         self._widget: widgets.VBox | None = None
         self._drawn: dict[str, Any] = {}
         self._quiet = False  # set while the view itself moves a control
-        self._store_seen = -1  # the store's version at the last refresh
         self._catch_up = live.CatchUp(self, REFRESH_BUDGET_S, POLL_BUDGET_S)
 
     # -- state (no widgets) ----------------------------------------------------------------
@@ -244,10 +243,7 @@ class LifecycleView(Panels, live.LazyWidget):
         """Bring controls and panels up to date (cheap when nothing changed)."""
         if self._widget is None:
             return
-        # New events: some summarising now (a budget); none: only the redraw.
-        grown = self.model.store.version != self._store_seen
-        self._store_seen = self.model.store.version
-        with self._catch_up(self.model, grown):
+        with self._catch_up(self.model):  # new events: some summarising now (a budget)
             self._refresh()
 
     def _refresh(self) -> None:

@@ -46,7 +46,6 @@ class MonitorView(live.LazyWidget):
         self._model: MonitorModel | None = None
         self._widget: widgets.VBox | None = None
         self._seen_version = (-1, -1)  # (points, pending) at the last redraw
-        self._store_seen = -1  # the store's version at the last refresh
         # Reading for 15 ms leaves the redraw (~10 ms: 2,000 points a line) in 50 ms.
         self._catch_up = live.CatchUp(self, refresh_s=0.015)
 
@@ -56,7 +55,6 @@ class MonitorView(live.LazyWidget):
         run = self._source.latest_run
         if run is not self._run:
             self._run, self._model, self._seen_version = run, None, (-1, -1)
-            self._store_seen = -1
         if run is not None and self._model is None:
             self._model = MonitorModel(run.store)
         return self._model
@@ -126,9 +124,7 @@ class MonitorView(live.LazyWidget):
         if model is None:
             self._refresh(None)
             return
-        grown = model.store.version != self._store_seen
-        self._store_seen = model.store.version
-        with self._catch_up(model, grown):
+        with self._catch_up(model):
             self._refresh(model)
 
     def _refresh(self, model: MonitorModel | None) -> None:

@@ -118,8 +118,8 @@ class Budget:
     what the budget leaves for later (its ``pending``) at the next update. Outside a
     budget (the public API, the report, tests) an update reads everything: exact.
 
-    A model spends it in chunks, looking at the clock between two: some progress at
-    every update with new events, however little is left (``spent`` is False then)."""
+    A model spends it in chunks, looking at the clock between two, and reads one chunk
+    of new events before it looks: some progress at every update with new events."""
 
     def __init__(self) -> None:
         self._deadline: float | None = None  # perf_counter() time; None: no budget

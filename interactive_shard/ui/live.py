@@ -14,10 +14,12 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from interactive_shard.ui import fallback
+
+if TYPE_CHECKING:
+    from interactive_shard.telemetry.store import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +98,10 @@ class LazyWidget(ShowsView):
 class Budgeted(Protocol):
     """A model whose updates a view may bound in time (``telemetry.consume.Budget``)."""
 
+    store: RunStore
     pending: int  # events taken from the store, not read yet
 
-    def budget(self, seconds: float) -> AbstractContextManager[None]: ...
+    def budget(self, seconds: float) -> contextlib.AbstractContextManager[None]: ...
 
     def update(self) -> bool: ...
 
@@ -113,15 +116,17 @@ class CatchUp:
         self._view = weakref.ref(view)
         self.refresh_s, self.poll_s = refresh_s, poll_s
         self._model: Budgeted | None = None
+        self._seen = -1  # the model's store version at the last refresh
         self._polling = False
 
     @contextlib.contextmanager
-    def __call__(self, model: Budgeted, grown: bool) -> Iterator[None]:
-        """Around a refresh of ``model``'s view (``grown``: the store has new events;
-        else no reading, only the redraw)."""
+    def __call__(self, model: Budgeted) -> Iterator[None]:
+        """Around a refresh of ``model``'s view: with new events in the store some
+        reading, else none (only the redraw)."""
+        grown = model is not self._model or model.store.version != self._seen
+        self._model, self._seen = model, model.store.version
         with model.budget(self.refresh_s if grown else 0.0):
             yield
-        self._model = model
         if model.pending and not self._polling:  # a burst: finish between ticks
             self._polling = True
             keep_polling(self._poll)
@@ -129,14 +134,13 @@ class CatchUp:
     def _poll(self) -> bool:
         """The poller's question, asked between ticks until it says True."""
         view, model = self._view(), self._model
-        gone = view is None or view.closed or model is None
-        if not gone:
-            assert model is not None
-            with model.budget(self.poll_s):
-                model.update()
-        done = gone or not model.pending  # type: ignore[union-attr]
-        self._polling = not done
-        return done
+        if view is None or view.closed or model is None:
+            self._polling = False
+            return True
+        with model.budget(self.poll_s):
+            model.update()
+        self._polling = bool(model.pending)
+        return not self._polling
 
 
 class Throttle:

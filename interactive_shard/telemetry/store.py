@@ -47,7 +47,8 @@ class _Column:
             self._data[n : n + count] = values
         except (OverflowError, TypeError, ValueError):
             # Only events made in Python get here (the wire format checks ranks and
-            # steps): what does not fit is filed as -1, a rank no run has.
+            # steps): what does not fit is filed as -1, a rank no run has and a step
+            # no iteration has (models skip and count those events when they read them).
             info = np.iinfo(self._data.dtype)
             assert isinstance(values, list)
             fit = [v if type(v) is int and info.min <= v <= info.max else -1 for v in values]

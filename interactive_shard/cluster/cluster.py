@@ -376,7 +376,7 @@ class Cluster(live.ShowsView):
         run = self._runs.get(batch.run)
         if run is None:
             return
-        run.store.extend(batch.events, rank=batch.rank)  # check_batch: all its rank's
+        run.store.extend(batch.events, rank=batch.rank, scalars=batch.scalars)  # all its rank's
         if batch.final:
             run.outcome.stream_closed(batch.rank)
 

@@ -27,6 +27,9 @@ class RankContext:
         self.backend = backend
         self.state: dict[str, Any] = {}
         self._emitter = emitter
+        # The emitter's keyword entry itself, not the method below that calls it: one
+        # Python call an event instead of two (a tenth of what an event costs the rank).
+        self.emit = emitter.emit_fields  # type: ignore[method-assign]
 
     @property
     def step(self) -> int:
@@ -37,12 +40,12 @@ class RankContext:
     def step(self, value: int) -> None:
         self._emitter.step = int(value)
 
-    def emit(self, kind: str, **payload: Any) -> None:
+    def emit(self, kind: str, /, **payload: Any) -> None:
         """Send an event to the notebook. Payload values must be plain data.
 
         ``ctx.emit("scalar", name="loss", value=loss.item())`` plots a line per rank.
         """
-        self._emitter.emit(kind, payload)
+        self._emitter.emit_fields(kind, **payload)
 
     def steps(self, total: int, start: int = 1) -> Iterator[int]:
         """Iterate ``start .. start+total-1``, setting ``ctx.step`` and reporting progress."""

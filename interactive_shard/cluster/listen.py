@@ -44,7 +44,7 @@ class Listener:
     def _on_batch(self, batch: Batch) -> None:
         # Raises for a rank outside the run: the collector counts and drops the batch.
         schema.check_batch(batch, self.run.store.info.world_size)
-        self.run.store.extend(batch.events, rank=batch.rank)
+        self.run.store.extend(batch.events, rank=batch.rank, scalars=batch.scalars)
         if batch.final:
             self.streams_closed.add(batch.rank)
 

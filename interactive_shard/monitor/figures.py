@@ -50,16 +50,14 @@ def scalar_lines(model: MonitorModel, max_points: int | None = None) -> list[Lin
     ]
 
 
-def title(lines: list[Line], pending: int = 0) -> str:
-    """The figure's title; says when lines are thinned (a screen shows ~2,000 points)
-    and how many scalars a view's refresh left to read (``MonitorModel.pending``)."""
+def title(lines: list[Line]) -> str:
+    """The figure's title; says when lines are thinned (a screen shows ~2,000 points)."""
     thinned = [ln for ln in lines if len(ln.steps) < ln.total]
-    left = f" · reading: {pending:,} scalar(s) to go" if pending else ""
     if not thinned:
-        return TITLE + left
+        return TITLE
     longest = max(thinned, key=lambda ln: ln.total)
     stride = -(-longest.total // max(len(longest.steps) - 1, 1))
-    return f"{TITLE} (every {stride}th point of {longest.total:,} shown){left}"
+    return f"{TITLE} (every {stride}th point of {longest.total:,} shown)"
 
 
 def figure_scalars(model: MonitorModel, max_points: int | None = None) -> go.Figure:
@@ -81,7 +79,7 @@ def figure_scalars(model: MonitorModel, max_points: int | None = None) -> go.Fig
             )
         )
     fig.update_layout(
-        title=title(lines, model.pending),
+        title=title(lines),
         xaxis_title="step",
         height=300,
         margin={"l": 50, "r": 20, "t": 40, "b": 40},

@@ -7,9 +7,7 @@ Structs (``cluster/events.py``). No widgets here.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import operator
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -17,14 +15,13 @@ import numpy as np
 
 from interactive_shard.cluster.events import Log, Progress, Scalar, State
 from interactive_shard.cluster.state import RankState
-from interactive_shard.telemetry.consume import Budget, Cursor
+from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.schema import Event
-from interactive_shard.telemetry.store import RunStore
+from interactive_shard.telemetry.store import RunStore, ScalarColumns
 
 log = logging.getLogger(__name__)
 
 LOG_LINES = 8
-CHUNK = 8192  # scalars read between two looks at the clock under a budget (~5 ms)
 
 
 @dataclass
@@ -87,14 +84,9 @@ class MonitorModel:
 
     ``update`` costs what arrived since the last one: the monitor's own kinds come from
     the store's index per kind, each kind's payloads decoded in one call (``Cursor``);
-    the scalars' ranks and steps, and the steps of the other kinds (the features'),
-    come from the store's numpy columns, so of those only the scalars' payloads are read.
-
-    A view's refresh has a budget (``budget``, as the DDP lifecycle's): 100k new scalars
-    take ~60 ms to read (each payload is a cache miss away from the next), more than a
-    refresh may take. Scalars are then read in chunks of ``CHUNK`` until the budget is
-    spent, ``pending`` counts the rest and the view's poller reads them between ticks.
-    Outside a budget (``run.monitor``, the report, tests) an update reads everything.
+    the scalars come from the store's scalar columns (``RunStore.scalars``: 100k new
+    ones take a few milliseconds of numpy, no event read) and the steps of the other
+    kinds (the features') from its rank and step columns.
     """
 
     def __init__(self, store: RunStore) -> None:
@@ -104,10 +96,7 @@ class MonitorModel:
         self.scalars: dict[str, dict[int, Series]] = {}
         self._scalars = Cursor(store, {Scalar.KIND: Scalar})  # decodes what does not fit
         self._cursor = Cursor(store, {k.KIND: k for k in (Progress, Log, State)})
-        self._taken = 0  # log position up to which scalars were taken (into the backlog)
-        self._backlog: deque[np.ndarray] = deque()  # their positions, not read yet
-        self.pending = 0  # scalars in the backlog
-        self.budget = Budget()
+        self._row = 0  # the store's scalar row up to which scalars were read
         self._others = 0  # log position up to which the other kinds' steps were read
         self._outside = 0  # events of a rank outside the run
         self.points = 0  # scalar values read so far: a figure redraws when it grows
@@ -126,10 +115,6 @@ class MonitorModel:
         """
         skipped, points = self.skipped, self.points
         events, records = self._cursor.take_records()
-        taken, self._taken = self.store.positions(self._taken, (Scalar.KIND,))
-        if len(taken):
-            self._backlog.append(taken)
-            self.pending += len(taken)
         ours = (Scalar.KIND, *self._cursor.decoders)
         others = [k for k in self.store.kinds() if k not in ours]
         at, self._others = self.store.positions(self._others, others)
@@ -147,38 +132,24 @@ class MonitorModel:
                 else:
                     status.state, status.detail = record.state, record.detail
                 status.step = max(status.step, e.step)
-        if len(taken):  # new scalars: a chunk read now, even when the budget is spent
-            self._add_scalars(self._next_chunk())
-        while self._backlog and not self.budget.spent:
-            self._add_scalars(self._next_chunk())
-        self._note_steps(*self._inside(at)[1:])  # any kind (a feature's too) tells how far
+        columns, names, self._row = self.store.scalars(self._row)
+        if len(columns.at):
+            self._add_scalars(columns, names)
+        ranks_at, steps_at = self.store.columns(at)
+        self._note_steps(*self._inside(at, ranks_at, steps_at)[1:])  # a feature's kinds too
         return bool(events or len(at) or self.points != points or self.skipped != skipped)
 
-    def _next_chunk(self) -> np.ndarray:
-        """The backlog's next positions: all of it outside a budget, else ``CHUNK``."""
-        if not self.budget.limited:
-            chunk: np.ndarray = np.concatenate(self._backlog)
-            self._backlog.clear()
-        else:
-            first = self._backlog[0]
-            chunk, rest = first[:CHUNK], first[CHUNK:]
-            if len(rest):
-                self._backlog[0] = rest
-            else:
-                self._backlog.popleft()
-        self.pending -= len(chunk)
-        return chunk
-
-    def _inside(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Of the events at log positions ``at``, those of the run's ranks: positions,
-        ranks and steps (the others are skipped and counted)."""
-        ranks, steps = self.store.columns(at)
+    def _inside(
+        self, at: np.ndarray, ranks: np.ndarray, *rest: np.ndarray
+    ) -> tuple[np.ndarray, ...]:
+        """Of the events at log positions ``at`` (their ``ranks`` and other columns),
+        those of the run's ranks (the others are skipped and counted)."""
         inside = (ranks >= 0) & (ranks < len(self.ranks))
         if inside.all():
-            return at, ranks, steps
+            return (at, ranks, *rest)
         for e in self.store.at(at[~inside].tolist()):
             self._outside_rank(e)
-        return at[inside], ranks[inside], steps[inside]
+        return tuple(column[inside] for column in (at, ranks, *rest))
 
     def _note_steps(self, ranks: np.ndarray, steps: np.ndarray) -> None:
         """Raise each rank's step to the highest of its ``steps``."""
@@ -189,30 +160,19 @@ class MonitorModel:
         for rank in np.flatnonzero(top > np.iinfo(np.int64).min).tolist():
             self.ranks[rank].step = max(self.ranks[rank].step, int(top[rank]))
 
-    def _add_scalars(self, at: np.ndarray) -> None:
-        """Append the scalars at log positions ``at`` to their series in bulk: numpy
-        groups them by (name, rank), however many arrived (a refresh may bring 100k)."""
+    def _add_scalars(self, columns: ScalarColumns, names: list[str]) -> None:
+        """Append new scalars to their series in bulk: numpy groups them by (name,
+        rank), however many arrived (a refresh may bring 100k)."""
         n = len(self.ranks)
-        at, ranks, steps = self._inside(at)
-        events = self.store.at(at.tolist())
-        columns = _columns(events)
-        if columns is None:  # some payload does not fit: decode one by one, skip those
-            records = [self._scalars.decode(e) for e in events]
-            fits = np.array([r is not None for r in records], bool)
-            events, ranks, steps = list(itertools.compress(events, fits)), ranks[fits], steps[fits]
-            kept = [r for r in records if r is not None]
-            columns = [r.name for r in kept], np.array([r.value for r in kept], np.float64)
-        names_of, values = columns
-        count = len(events)
-        if not count:
+        at, ranks, steps, codes, values = self._inside(*columns)
+        misfit = codes < 0
+        if misfit.any():  # a payload that is no Scalar: decoded, to be skipped and logged
+            for e in self.store.at(at[misfit].tolist()):
+                self._scalars.decode(e)
+            ranks, steps, codes, values = (c[~misfit] for c in (ranks, steps, codes, values))
+        if not len(ranks):
             return
-        names = sorted(set(names_of))
-        ranks = ranks.astype(np.int64)
-        if len(names) == 1:
-            keys = ranks
-        else:
-            code = {name: i for i, name in enumerate(names)}
-            keys = np.fromiter(map(code.__getitem__, names_of), np.int64, count) * n + ranks
+        keys = codes.astype(np.int64) * n + ranks
         order = np.argsort(keys, kind="stable")  # stable: each series keeps arrival order
         starts = np.flatnonzero(np.diff(keys[order])) + 1
         for chunk in np.split(order, starts):
@@ -223,7 +183,7 @@ class MonitorModel:
                 series = per_rank[rank] = Series()
             series.extend(steps[chunk], values[chunk])
         self._note_steps(ranks, steps)
-        self.points += count
+        self.points += len(ranks)
 
     def _outside_rank(self, e: Event) -> None:
         self._outside += 1
@@ -235,26 +195,3 @@ class MonitorModel:
                 e.rank,
                 len(self.ranks) - 1,
             )
-
-
-_NUMBERS = {int, float}
-_PAYLOAD = operator.attrgetter("payload")
-_VALUE = operator.itemgetter("value")
-
-
-def _columns(events: list[Event]) -> tuple[list[str], np.ndarray] | None:
-    """The names and values of scalar events when every payload fits ``Scalar`` (the
-    common case), read in C loops; None when one does not (the caller decodes them one
-    by one). The same rules as ``msgspec.convert(payload, Scalar)``: ``value`` an int or
-    a float (not a bool) within float range, ``name`` a str (default ``"value"``)."""
-    payloads = list(map(_PAYLOAD, events))
-    try:
-        values = list(map(_VALUE, payloads))
-        if not set(map(type, values)) <= _NUMBERS:
-            return None
-        names = list(map(dict.get, payloads, itertools.repeat("name"), itertools.repeat("value")))
-        if set(map(type, names)) - {str}:
-            return None
-        return names, np.array(values, dtype=np.float64)
-    except (KeyError, OverflowError):
-        return None

@@ -45,16 +45,14 @@ class MonitorView(live.LazyWidget):
         self._run: Run | None = None
         self._model: MonitorModel | None = None
         self._widget: widgets.VBox | None = None
-        self._seen_version = (-1, -1)  # (points, pending) at the last redraw
-        # Reading for 15 ms leaves the redraw (~10 ms: 2,000 points a line) in 50 ms.
-        self._catch_up = live.CatchUp(self, refresh_s=0.015)
+        self._seen_points = -1  # the model's points at the last redraw
 
     # -- state (no widgets) ----------------------------------------------------------------
     def _current(self) -> MonitorModel | None:
         """The model of the source's latest run (a new one when the run changed)."""
         run = self._source.latest_run
         if run is not self._run:
-            self._run, self._model, self._seen_version = run, None, (-1, -1)
+            self._run, self._model, self._seen_points = run, None, -1
         if run is not None and self._model is None:
             self._model = MonitorModel(run.store)
         return self._model
@@ -116,21 +114,10 @@ class MonitorView(live.LazyWidget):
         self.refresh()
 
     def refresh(self) -> None:
-        """Redraw from the model (called by ui.live at most 10 times a second); new
-        scalars are read for a budget, a poller reads what it left (``live.CatchUp``)."""
+        """Redraw from the model (called by ui.live at most 10 times a second)."""
         if self._widget is None:
             return
-        model = self._current()
-        if model is None:
-            self._refresh(None)
-            return
-        with self._catch_up(model):
-            self._refresh(model)
-
-    def _refresh(self, model: MonitorModel | None) -> None:
-        if model is not None:
-            model.update()
-        version = (model.points, model.pending) if model else (0, 0)
+        model = self._follow()
         states = self._states(model)
         self._title.value = self._header()
         for r, state in enumerate(states):
@@ -152,8 +139,8 @@ class MonitorView(live.LazyWidget):
                 + html.escape("\n".join(lines))
                 + "</pre>"
             )
-        if model is not None and version != self._seen_version:
-            self._seen_version = version
+        if model is not None and model.points != self._seen_points:
+            self._seen_points = model.points
             self._redraw(model)
 
     def _redraw(self, model: MonitorModel) -> None:
@@ -165,7 +152,7 @@ class MonitorView(live.LazyWidget):
             if _trace_keys(self._fig) == keys:
                 for trace, ln in zip(self._fig.data, lines, strict=True):
                     trace.x, trace.y = ln.steps, ln.values
-                self._fig.layout.title = title(lines, model.pending)
+                self._fig.layout.title = title(lines)
             else:
                 fig = figure_scalars(model, LIVE_POINTS)
                 self._fig.data = ()

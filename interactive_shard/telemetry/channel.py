@@ -9,15 +9,17 @@ back), so no event is lost while the kernel is busy. The port is open to anyone 
 can reach it, so the collector treats every message as hostile until proven not.
 
 Wire format: one frame per batch, ``schema.HEADER`` (84 bytes: magic ``ish\\x02``,
-schema version, flags FINAL / BYE, run, rank, a 64-byte token field) then the events as
-a msgpack array. Algorithm of the collector, per message:
+schema version, flags FINAL / BYE / COLUMNS, run, rank, a 64-byte token field) then the
+events as a msgpack array, or with COLUMNS a ``schema.Body``: the events and runs of
+scalars as columns (Note [Columnar scalars]). Algorithm of the collector, per message:
 
 1. ZeroMQ drops a connection that announces a frame over ``MAX_MESSAGE_BYTES`` before
    reading it (``MAXMSGSIZE``), and holds at most ``RECV_QUEUE_MESSAGES`` per peer.
 2. The header is unpacked and the token field compared in constant time; nothing of
    the body is decoded for a message that fails.
 3. The body is decoded by a typed decoder (``schema.Event``): bounded nesting, no
-   bin / ext values, finite times. The consumer (``on_batch``) checks ranks against
+   bin / ext values (but a ``Scalars`` run's columns, bytes checked in numpy by
+   ``schema.open_scalars``), finite times. The consumer (``on_batch``) checks ranks against
    the world size (``schema.check_batch``).
 4. Any failure in 1-3 is counted by reason (``rejected_by_reason``) and the message
    dropped; the collector thread never dies of a message.
@@ -114,7 +116,6 @@ class Collector:
         self.rejected = 0  # messages refused, all reasons (see rejected_by_reason)
         self._by_reason: Counter[str] = Counter()
         self._on_batch = on_batch
-        self._decoder = msgspec.msgpack.Decoder(list[schema.Event])
         self._said_bye: set[int] = set()  # fds of peers that closed cleanly
         self._first_logged = False
         self._since_summary: Counter[str] = Counter()
@@ -208,9 +209,9 @@ class Collector:
                 self._said_bye.add(frame.get(zmq.SRCFD))
             return None
         with paused():  # Note [Pausing the collector's GC]: nested payloads, 6x faster
-            events = self._decoder.decode(buf[schema.HEADER_SIZE :])
+            events, scalars = schema.decode_body(header.flags, buf[schema.HEADER_SIZE :])
         final = bool(header.flags & schema.FINAL)
-        return Batch(header.version, self.token, header.run, header.rank, events, final)
+        return Batch(header.version, self.token, header.run, header.rank, events, final, scalars)
 
     def _read_monitor(self) -> None:
         while True:

@@ -11,20 +11,25 @@ import itertools
 import operator
 import threading
 from bisect import bisect_right
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 
-from interactive_shard.telemetry.schema import SCHEMA_VERSION, Event
+from interactive_shard.telemetry.schema import SCALAR, SCHEMA_VERSION, Event, ScalarRun
 
 # A Python step per run costs about this many C-level checks of one event's kind.
 _RUN_COST = 8
 _KIND = operator.attrgetter("kind")
 _RANK = operator.attrgetter("rank")
 _STEP = operator.attrgetter("step")
+_T = operator.attrgetter("t")
 _FIRST = operator.itemgetter(0)
+_PAYLOAD = operator.attrgetter("payload")
+_VALUE = operator.itemgetter("value")
+_NUMBERS = {int, float}
 
 
 class _Column:
@@ -58,6 +63,19 @@ class _Column:
     def view(self, start: int, end: int) -> np.ndarray:
         return self._data[start:end]
 
+    def __len__(self) -> int:
+        return self._n
+
+
+class ScalarColumns(NamedTuple):
+    """Scalar events as aligned numpy columns (``RunStore.scalars``)."""
+
+    at: np.ndarray  # their log positions
+    ranks: np.ndarray
+    steps: np.ndarray
+    names: np.ndarray  # index into the store's scalar names; -1: the payload is no Scalar
+    values: np.ndarray  # float64 (NaN where names is -1)
+
 
 @dataclass
 class RunInfo:
@@ -88,11 +106,22 @@ class RunStore:
         self._ranks = _Column(np.int32)
         self._steps = _Column(np.int64)
         self._code_of: dict[str, int] = {}
+        # Scalars (Note [Columnar scalars] in schema): a row per scalar event, in log
+        # order, from the wire's columns or from the payload of a stored event. Those
+        # from columns hold None in the log until read as events (``_built``).
+        self._scalar_at = _Column(np.int64)
+        self._scalar_name = _Column(np.int32)
+        self._scalar_value = _Column(np.float64)
+        self._scalar_t = _Column(np.float64)
+        self._names: list[str] = []
+        self._name_code: dict[str, int] = {}
+        self._unbuilt = 0  # scalars stored as columns only
         # kind -> (log position of each run, the runs): a run is a list of consecutive
         # events of that kind, as they arrived (a batch is mostly one run). Positions
         # grow, so a bisect finds where a cursor stopped, and runs of several kinds
         # merge into log order by their positions alone.
-        self._by_kind: dict[str, tuple[list[int], list[list[Event]]]] = {}
+        # A run of columnar scalars is held as its length (its events are not built).
+        self._by_kind: dict[str, tuple[list[int], list[list[Event] | int]]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -103,46 +132,136 @@ class RunStore:
     def append(self, event: Event) -> None:
         self.extend((event,))
 
-    def extend(self, events: Iterable[Event], *, rank: int | None = None) -> None:
-        """Append ``events``; ``rank``: every one of them is that rank's (a checked batch)."""
+    def extend(
+        self,
+        events: Iterable[Event],
+        *,
+        rank: int | None = None,
+        scalars: Sequence[ScalarRun] = (),
+    ) -> None:
+        """Append ``events``; ``rank``: every one of them is that rank's (a checked batch).
+
+        ``scalars``: that rank's runs of columnar scalars (``Batch.scalars``), each
+        placed among ``events`` by its ``before``."""
         events = list(events)
+        if scalars and rank is None:
+            raise ValueError("RunStore.extend(scalars=...) needs the rank they are from.")
+        with self._lock:
+            done = 0
+            for run in scalars:
+                self._extend(events[done : run.before], rank)
+                self._extend_scalars(run, rank)  # type: ignore[arg-type]  # checked above
+                done = run.before
+            self._extend(events[done:] if done else events, rank)
+
+    def _extend(self, events: list[Event], rank: int | None) -> None:
         if not events:
             return
         kinds = list(map(_KIND, events))
-        with self._lock:
-            at = len(self._events)
-            self._events.extend(events)
-            code_of = self._code_of
-            for kind in set(kinds).difference(code_of):
-                code_of[kind] = len(code_of)
-            n = len(events)
-            # A batch from the collector is one rank's, and mostly of one kind: those
-            # columns then take one int (a pass less over the events each).
-            ranks = list(map(_RANK, events)) if rank is None else rank
-            self._ranks.extend(ranks, n)
-            self._steps.extend(list(map(_STEP, events)), n)
-            if kinds.count(kinds[0]) == n:  # one kind: the batch is one run
-                self._codes.extend(code_of[kinds[0]], n)
-                self._add_run(kinds[0], at, events)
-                return
-            self._codes.extend(list(map(code_of.__getitem__, kinds)), n)
-            i = 0
-            for kind, group in itertools.groupby(kinds):
-                n = len(list(group))
-                self._add_run(kind, at + i, events[i : i + n])
-                i += n
+        at = len(self._events)
+        self._events.extend(events)
+        n = len(events)
+        # A batch from the collector is one rank's, and mostly of one kind: those
+        # columns then take one int (a pass less over the events each).
+        self._ranks.extend(list(map(_RANK, events)) if rank is None else rank, n)
+        self._steps.extend(list(map(_STEP, events)), n)
+        if kinds.count(kinds[0]) == n:  # one kind: the batch is one run
+            self._codes.extend(self._code(kinds[0]), n)
+            self._add_run(kinds[0], at, events)
+            return
+        for kind in set(kinds).difference(self._code_of):
+            self._code(kind)
+        self._codes.extend(list(map(self._code_of.__getitem__, kinds)), n)
+        i = 0
+        for kind, group in itertools.groupby(kinds):
+            n = len(list(group))
+            self._add_run(kind, at + i, events[i : i + n])
+            i += n
 
-    def _add_run(self, kind: str, at: int, run: list[Event]) -> None:
+    def _code(self, kind: str) -> int:
+        code = self._code_of.get(kind)
+        if code is None:
+            code = self._code_of[kind] = len(self._code_of)
+        return code
+
+    def _add_run(self, kind: str, at: int, run: list[Event] | int) -> None:
         index = self._by_kind.get(kind)
         if index is None:
             index = self._by_kind[kind] = ([], [])
         index[0].append(at)
         index[1].append(run)
+        if kind == SCALAR and not isinstance(run, int):
+            names, values = _scalar_fields(list(map(_PAYLOAD, run)))
+            codes = [-1 if name is None else self._name(name) for name in names]
+            self._add_scalar_rows(np.arange(at, at + len(run)), codes, values, list(map(_T, run)))
+
+    def _extend_scalars(self, run: ScalarRun, rank: int) -> None:
+        n = run.size
+        if not n:
+            return
+        at = len(self._events)
+        self._events.extend(itertools.repeat(None, n))  # type: ignore[arg-type]  # built when read
+        self._codes.extend(self._code(SCALAR), n)
+        self._ranks.extend(rank, n)
+        self._steps.extend(run.steps, n)  # type: ignore[arg-type]  # an array fits too
+        self._add_run(SCALAR, at, n)
+        codes = np.array(list(map(self._name, run.names)), np.int32)[run.name_of]
+        self._add_scalar_rows(np.arange(at, at + n), codes, run.values, run.times)
+        self._unbuilt += n
+
+    def _add_scalar_rows(self, at: np.ndarray, names: Any, values: Any, times: Any) -> None:
+        n = len(at)
+        for column, data in zip(
+            (self._scalar_at, self._scalar_name, self._scalar_value, self._scalar_t),
+            (at, names, values, times),
+            strict=True,
+        ):
+            column.extend(data, n)
+
+    def _name(self, name: str) -> int:
+        code = self._name_code.get(name)
+        if code is None:
+            code = self._name_code[name] = len(self._names)
+            self._names.append(name)
+        return code
+
+    def _built(self, positions: np.ndarray) -> list[Event]:
+        """Under the lock: the columnar scalars at ``positions``, as events."""
+        rows = np.searchsorted(self._scalar_at.view(0, len(self._scalar_at)), positions)
+        names = self._names
+        return list(
+            map(
+                Event,
+                itertools.repeat(SCALAR),
+                self._ranks.view(0, len(self._events))[positions].tolist(),
+                self._steps.view(0, len(self._events))[positions].tolist(),
+                self._scalar_t.view(0, len(self._scalar_t))[rows].tolist(),
+                [
+                    {"name": names[code], "value": value}
+                    for code, value in zip(
+                        self._scalar_name.view(0, len(self._scalar_name))[rows].tolist(),
+                        self._scalar_value.view(0, len(self._scalar_value))[rows].tolist(),
+                        strict=True,
+                    )
+                ],
+            )
+        )
+
+    def _filled(self, events: list[Event], positions: Any) -> list[Event]:
+        """Under the lock: ``events`` (read at ``positions``) with every columnar
+        scalar among them built."""
+        if not self._unbuilt or None not in events:
+            return events
+        missing = [i for i, e in enumerate(events) if e is None]
+        built = self._built(np.asarray(positions, np.int64)[missing])
+        for i, event in zip(missing, built, strict=True):
+            events[i] = event
+        return events
 
     def events(self, start: int = 0) -> list[Event]:
         """A snapshot of the events from index ``start`` (a model's cursor) on."""
         with self._lock:
-            return self._events[start:]
+            return self._filled(self._events[start:], range(start, len(self._events)))
 
     def since(self, start: int, kinds: Collection[str]) -> tuple[list[Event], int]:
         """The events of ``kinds`` from log position ``start`` on, in log order, and the
@@ -163,16 +282,22 @@ class RunStore:
                 return self._filtered(start, end, kinds), end
             for (positions, runs), first in found:
                 for at, run in zip(positions[first:], runs[first:], strict=True):
-                    if at + len(run) > start:
+                    size = run if isinstance(run, int) else len(run)
+                    if at + size > start:
                         skip = max(start - at, 0)
-                        parts.append((at + skip, run[skip:] if skip else run))
+                        if isinstance(run, int):  # columnar scalars: built now
+                            run = self._built(np.arange(at + skip, at + size))
+                        elif skip:
+                            run = run[skip:]
+                        parts.append((at + skip, run))
         if len(kinds) > 1:
             parts.sort(key=_FIRST)  # runs never interleave: their starts give log order
         return list(itertools.chain.from_iterable(run for _, run in parts)), end
 
     def _filtered(self, start: int, end: int, kinds: Collection[str]) -> list[Event]:
         """Under the lock: the events of ``kinds`` in ``[start, end)``, by their codes."""
-        return list(map(self._events.__getitem__, self._positions(start, end, kinds).tolist()))
+        positions = self._positions(start, end, kinds).tolist()
+        return self._filled(list(map(self._events.__getitem__, positions)), positions)
 
     def _positions(self, start: int, end: int, kinds: Collection[str]) -> np.ndarray:
         wanted = [self._code_of[k] for k in kinds if k in self._code_of]
@@ -194,8 +319,23 @@ class RunStore:
 
     def at(self, positions: Iterable[int]) -> list[Event]:
         """The events at ``positions`` (log positions, as ``positions`` returns)."""
-        events = self._events  # append-only: earlier positions never change
-        return list(map(events.__getitem__, positions))
+        positions = list(positions)
+        events = list(map(self._events.__getitem__, positions))  # append-only: no lock
+        if not self._unbuilt or None not in events:
+            return events
+        with self._lock:
+            return self._filled(events, positions)
+
+    def scalars(self, start: int = 0) -> tuple[ScalarColumns, list[str], int]:
+        """The scalar events from row ``start`` on (a row per scalar, in log order) as
+        columns, every name they refer to, and the row to start from next time: a
+        model reads 100k scalars in numpy without an event object."""
+        with self._lock:
+            end, size = len(self._scalar_at), len(self._events)
+            at = self._scalar_at.view(start, end)
+            names, values = self._scalar_name.view(start, end), self._scalar_value.view(start, end)
+            ranks, steps = self._ranks.view(0, size)[at], self._steps.view(0, size)[at]
+            return ScalarColumns(at, ranks, steps, names, values), list(self._names), end
 
     def kinds(self) -> list[str]:
         """Every kind stored so far, in the order each first arrived."""
@@ -213,3 +353,34 @@ class RunStore:
             f"RunStore({len(self)} events, world_size={self.info.world_size}, "
             f"backend={self.info.backend!r})"
         )
+
+
+class _Scalar(msgspec.Struct, kw_only=True, frozen=True):
+    """The fields of ``cluster.events.Scalar`` (a test keeps the two alike)."""
+
+    name: str = "value"
+    value: float
+
+
+def _scalar_fields(payloads: list[dict[str, Any]]) -> tuple[list[str | None], list[float]]:
+    """Each scalar payload's name and value (None and NaN where ``msgspec.convert`` into
+    ``Scalar`` refuses it): C loops for the common case, where every payload fits."""
+    try:
+        values = list(map(_VALUE, payloads))
+        names = list(map(dict.get, payloads, itertools.repeat("name"), itertools.repeat("value")))
+        if set(map(type, values)) <= _NUMBERS and set(map(type, names)) <= {str}:
+            return names, np.array(values, np.float64).tolist()
+    except (KeyError, OverflowError):
+        pass
+    out_names: list[str | None] = []
+    out_values: list[float] = []
+    for payload in payloads:
+        try:
+            scalar = msgspec.convert(payload, _Scalar)
+        except msgspec.ValidationError:
+            out_names.append(None)
+            out_values.append(np.nan)
+        else:
+            out_names.append(scalar.name)
+            out_values.append(scalar.value)
+    return out_names, out_values

@@ -78,14 +78,13 @@ def test_wrong_token_is_refused_before_the_body_is_decoded(
 ) -> None:
     c, received = collector
     decoded: list[int] = []
-    real = c._decoder
+    real = schema.decode_body
 
-    class Spy:
-        def decode(self, buf: memoryview) -> list[Event]:
-            decoded.append(len(buf))
-            return real.decode(buf)
+    def spy(flags: int, buf: memoryview) -> tuple[list[Event], list[schema.ScalarRun]]:
+        decoded.append(len(buf))
+        return real(flags, buf)
 
-    monkeypatch.setattr(c, "_decoder", Spy())
+    monkeypatch.setattr(schema, "decode_body", spy)
     push.send(hostile.message(hostile.WRONG, b"\x90" * (MAX_MESSAGE_BYTES // 2)))
     push.send(_good(c.token))
     _wait_for(lambda: received)

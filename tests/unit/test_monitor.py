@@ -11,7 +11,7 @@ from interactive_shard.cluster.run import Run
 from interactive_shard.cluster.state import RankState
 from interactive_shard.monitor.model import MonitorModel
 from interactive_shard.monitor.view import MonitorView, figure_scalars
-from interactive_shard.telemetry import Event, RunStore, consume
+from interactive_shard.telemetry import Event, RunStore
 from interactive_shard.ui.live import Throttle
 
 
@@ -230,60 +230,3 @@ def _series(model: MonitorModel) -> dict[tuple[str, int], tuple[list[int], list[
         for name, per_rank in model.scalars.items()
         for rank, s in per_rank.items()
     }
-
-
-def test_a_budgeted_update_reads_a_chunk_and_catches_up_exactly(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Under a spent budget an update reads one chunk of the new scalars (``pending``
-    says the rest); later updates read the rest in order; outside a budget all."""
-    monkeypatch.setattr("interactive_shard.monitor.model.CHUNK", 10)
-    store = _store()
-    store.extend(_scalars(4))
-    model = MonitorModel(store)
-    model.update()
-    store.extend(_scalars(35, start=4))
-    with model.budget(0.0):
-        assert model.update()  # new scalars: one chunk however little budget is left
-        assert (model.pending, model.points) == (25, 14)
-        assert not model.update()  # nothing new and the budget spent: nothing read
-    model.update()  # outside a budget: the rest
-    assert model.pending == 0 and model.points == 39
-    exact = MonitorModel(store)
-    exact.update()
-    assert _series(model) == _series(exact)
-    assert [r.step for r in model.ranks] == [r.step for r in exact.ranks] == [38, 37]
-
-
-def test_the_view_says_what_is_left_and_its_poller_finishes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    polls: list[object] = []
-    monkeypatch.setattr("interactive_shard.ui.live.keep_polling", polls.append)
-    monkeypatch.setattr("interactive_shard.monitor.model.CHUNK", 10)
-    ticks = iter(range(10**9))  # a clock one second later at every look
-    monkeypatch.setattr(consume, "perf_counter", lambda: float(next(ticks)))
-    store = _store()
-    store.extend(_scalars(4))
-    view = MonitorView(Run(store))
-    view.widget  # noqa: B018
-    view._catch_up.refresh_s = view._catch_up.poll_s = 1.5  # a look at the clock in each
-    store.extend(_scalars(36, start=4))
-    view.refresh()  # the new scalars' first chunk, then one more in the budget
-    model = view._model
-    assert model is not None and model.pending == 16 and polls == [view._catch_up._poll]
-    assert "reading: 16 scalar(s) to go" in str(view._fig.layout.title.text)
-    view.refresh()  # nothing new: no reading
-    assert model.pending == 16 and len(polls) == 1
-    assert not view._catch_up._poll() and model.pending == 6  # a chunk a poll
-    assert view._catch_up._poll() and model.pending == 0
-    view.refresh()  # the tick after the poller: every point, the title plain
-    assert model.pending == 0 and "reading" not in str(view._fig.layout.title.text)
-    exact = MonitorModel(store)
-    exact.update()
-    assert _series(model) == _series(exact)
-    assert [list(t.y) for t in view._fig.data] == [
-        s.values
-        for _, per_rank in sorted(exact.scalars.items())
-        for _, s in sorted(per_rank.items())
-    ]

@@ -62,6 +62,26 @@ def events_body(*events: list[Any]) -> bytes:
     return msgspec.msgpack.encode(list(events))
 
 
+def columns_body(events: list[Any], *runs: tuple[Any, ...]) -> bytes:
+    """A ``COLUMNS`` body (``schema.Body``) from raw events and raw scalar runs
+    ``(before, names, name_of, values, steps, times)`` (not validated)."""
+    return msgspec.msgpack.encode([events, list(runs)])
+
+
+def scalar_run(n: int, **change: Any) -> tuple[Any, ...]:
+    """A well-formed run of ``n`` scalars named "x", with some field changed."""
+    fields = {
+        "before": 0,
+        "names": ["x"],
+        "name_of": bytes(4 * n),
+        "values": struct.pack(f"<{n}d", *range(n)),
+        "steps": struct.pack(f"<{n}q", *range(n)),
+        "times": struct.pack(f"<{n}d", *range(n)),
+    }
+    fields.update(change)
+    return tuple(fields.values())
+
+
 def deep(levels: int) -> bytes:
     """msgpack for ``[[[...None...]]]`` nested ``levels`` deep."""
     return b"\x91" * levels + b"\xc0"
@@ -81,6 +101,11 @@ def old_format(token: str, payload_msgpack: bytes = b"\x80", rank: int = 0) -> b
     return b"\x96" + head[1:] + b"\x91" + event + b"\xc2"
 
 
+def columnar(token: str, *runs: tuple[Any, ...], events: list[Any] | None = None) -> bytes:
+    """A ``COLUMNS`` message (right header, any token) with these raw scalar runs."""
+    return message(token, columns_body(events or [], *runs), flags=schema.COLUMNS)
+
+
 def authenticated_shapes(token: str) -> dict[str, tuple[bytes, str]]:
     """Messages with the right token that must still be refused: name -> (bytes, reason)."""
     ok = ["scalar", 0, 0, 1.0]
@@ -97,6 +122,27 @@ def authenticated_shapes(token: str) -> dict[str, tuple[bytes, str]]:
         "nan time": (message(token, events_body(["scalar", 0, 0, float("nan")])), schema.MALFORMED),
         "int key": (message(token, events_body([*ok, {1: 2}])), schema.MALFORMED),
         "truncated": (message(token, events_body([*ok, {}])[:-3]), schema.MALFORMED),
+        "columns misaligned": (
+            columnar(token, scalar_run(3, steps=struct.pack("<2q", 0, 1))),
+            schema.MALFORMED,
+        ),
+        "columns name index out of range": (
+            columnar(token, scalar_run(2, name_of=struct.pack("<2I", 0, 1))),
+            schema.MALFORMED,
+        ),
+        "columns without names": (columnar(token, scalar_run(2, names=[])), schema.MALFORMED),
+        "columns time not finite": (
+            columnar(token, scalar_run(1, times=struct.pack("<d", float("inf")))),
+            schema.MALFORMED,
+        ),
+        "columns placed beyond the events": (
+            columnar(token, scalar_run(1, before=1)),
+            schema.MALFORMED,
+        ),
+        "columns flag on a list of events": (
+            message(token, events_body([*ok, {}]), flags=schema.COLUMNS),
+            schema.MALFORMED,
+        ),
         "newer schema": (
             raw_header(schema.token_field(token), version=schema.SCHEMA_VERSION + 1),
             schema.NEWER_SCHEMA,

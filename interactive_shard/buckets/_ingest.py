@@ -81,7 +81,7 @@ class BucketEvents:
         """File the events between watches in log order: a ``ddp_watch`` splits its
         rank's events into superseded (before) and current (after)."""
         changed, b, i = False, 0, 0
-        for at, watch in zip(watches.tolist(), self.store.at(watches.tolist()), strict=True):
+        for at, watch in zip(watches.tolist(), self.store.at(watches), strict=True):
             b_cut, i_cut = np.searchsorted(buckets, at), np.searchsorted(iterations, at)
             changed |= self._add(buckets[b:b_cut], iterations[i:i_cut])
             b, i = b_cut, i_cut

@@ -101,11 +101,11 @@ class RawEvents:
 
     def at(self, rows: np.ndarray | list[int]) -> list[Event]:
         """The events of ``rows`` (fetched from the store)."""
-        return self._store.at(self._where[: self._n][rows].tolist())
+        return self._store.at(self._where[: self._n][rows])
 
     def between(self, start: int, stop: int) -> list[Event]:
         """The events of rows ``start`` to ``stop``."""
-        return self._store.at(self._where[start:stop].tolist())
+        return self._store.at(self._where[start:stop])
 
     def index(self, upto: int | None = None) -> np.ndarray:
         """Index the events not indexed yet (up to row ``upto``); returns their

@@ -147,7 +147,7 @@ class MonitorModel:
         inside = (ranks >= 0) & (ranks < len(self.ranks))
         if inside.all():
             return (at, ranks, *rest)
-        for e in self.store.at(at[~inside].tolist()):
+        for e in self.store.at(at[~inside]):
             self._outside_rank(e)
         return tuple(column[inside] for column in (at, ranks, *rest))
 
@@ -167,7 +167,7 @@ class MonitorModel:
         at, ranks, steps, codes, values = self._inside(*columns)
         misfit = codes < 0
         if misfit.any():  # a payload that is no Scalar: decoded, to be skipped and logged
-            for e in self.store.at(at[misfit].tolist()):
+            for e in self.store.at(at[misfit]):
                 self._scalars.decode(e)
             ranks, steps, codes, values = (c[~misfit] for c in (ranks, steps, codes, values))
         if not len(ranks):

@@ -103,7 +103,7 @@ class Index:
                 continue
             good = its >= 1
             if not good.all():  # refused: counted when malformed (decoding says why)
-                for event in self.store.at(at[~good].tolist()):
+                for event in self.store.at(at[~good]):
                     self._decode(event)
                 at, its = at[good], its[good]
             changed = self._filed(here, its, at) or changed

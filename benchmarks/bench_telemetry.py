@@ -18,7 +18,10 @@ fast as it can. Measured per run:
   per second of the ingest window and the shortest gap between two (ui.live allows
   at most 10/s).
 
-Two variants, interleaved: ``monitor`` (a live ``MonitorView`` attached) and
+First, in this process, what each stage costs a scalar (``_stages.py``): emit, pack
+and encode, decode, store and the monitor's update, sent as columns and as events.
+
+Then two variants, interleaved: ``monitor`` (a live ``MonitorView`` attached) and
 ``counter`` (a view that only counts its ticks), to show what a live view costs.
 
 Acceptance (issue 12): >= 1,000,000 events/s with the live monitor, and none lost.
@@ -35,6 +38,8 @@ import statistics
 import sys
 import time
 from typing import Any
+
+from _stages import print_costs, stage_costs
 
 import interactive_shard as ish
 from interactive_shard.monitor.view import MonitorView
@@ -198,6 +203,8 @@ def main() -> int:
         f"bench_telemetry: 2 ranks x {n:,} scalar events, fork, gloo, 1 thread per rank; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
+    costs = stage_costs(n, args.repeats)
+    print_costs(costs, n)
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     with TimedCluster(nprocs=2, start_method="fork", threads=1, echo=False) as cluster:
         for rnd in range(args.repeats):
@@ -229,6 +236,7 @@ def main() -> int:
         "loadavg_end": os.getloadavg()[0],
         "repeats": args.repeats,
         "none_lost": none_lost,
+        "stages_us": costs,
     }
     print(f"median over {args.repeats} runs each:")
     for name in VARIANTS:

@@ -363,7 +363,8 @@ _COLUMN = [operator.itemgetter(i) for i in range(4)]
 
 
 def _scalar_run(before: int, part: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-    """A ``Scalars`` (as a tuple: msgpack encodes both alike) of buffered scalars."""
+    """A ``Scalars`` (as a tuple: msgpack encodes both alike) of buffered scalars; each
+    column packed by ``struct`` from a C-level map (faster here than numpy's fromiter)."""
     n = len(part)
     names = list(map(_COLUMN[0], part))
     distinct = list(dict.fromkeys(names))
@@ -371,12 +372,10 @@ def _scalar_run(before: int, part: list[tuple[Any, ...]]) -> tuple[Any, ...]:
         name_of = bytes(4 * n)  # every index 0
     else:
         index = {name: i for i, name in enumerate(distinct)}
-        name_of = np.fromiter(map(index.__getitem__, names), _U32, n).tobytes()
-    columns = (
-        np.fromiter(map(get, part), dtype, n).tobytes()
-        for get, dtype in zip(_COLUMN[1:], (_F64, _I64, _F64), strict=True)
-    )
-    return (before, distinct, name_of, *columns)
+        name_of = struct.pack(f"<{n}I", *map(index.__getitem__, names))
+    values = struct.pack(f"<{n}d", *map(_COLUMN[1], part))
+    steps = struct.pack(f"<{n}q", *map(_COLUMN[2], part))
+    return (before, distinct, name_of, values, steps, struct.pack(f"<{n}d", *map(_COLUMN[3], part)))
 
 
 def _as_event(rank: int, scalar: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -46,8 +46,10 @@ class _Column:
     def extend(self, values: list[int] | int, count: int) -> None:
         """Append ``values`` (``count`` of them), or ``count`` times the one int."""
         n = self._n
-        if n + count > len(self._data):
-            self._data = np.resize(self._data, max(2 * len(self._data), n + count))
+        if n + count > len(self._data):  # np.resize would also fill the new part: not needed
+            grown = np.empty(max(2 * len(self._data), n + count), self._data.dtype)
+            grown[:n] = self._data[:n]
+            self._data = grown
         try:
             self._data[n : n + count] = values
         except (OverflowError, TypeError, ValueError):
@@ -192,7 +194,8 @@ class RunStore:
         index[1].append(run)
         if kind == SCALAR and not isinstance(run, int):
             names, values = _scalar_fields(list(map(_PAYLOAD, run)))
-            codes = [-1 if name is None else self._name(name) for name in names]
+            code = {name: -1 if name is None else self._name(name) for name in dict.fromkeys(names)}
+            codes = list(map(code.__getitem__, names))
             self._add_scalar_rows(np.arange(at, at + len(run)), codes, values, list(map(_T, run)))
 
     def _extend_scalars(self, run: ScalarRun, rank: int) -> None:
@@ -366,14 +369,14 @@ class _Scalar(msgspec.Struct, kw_only=True, frozen=True):
     value: float
 
 
-def _scalar_fields(payloads: list[dict[str, Any]]) -> tuple[list[str | None], list[float]]:
+def _scalar_fields(payloads: list[dict[str, Any]]) -> tuple[list[str | None], np.ndarray]:
     """Each scalar payload's name and value (None and NaN where ``msgspec.convert`` into
     ``Scalar`` refuses it): C loops for the common case, where every payload fits."""
     try:
         values = list(map(_VALUE, payloads))
         names = list(map(dict.get, payloads, itertools.repeat("name"), itertools.repeat("value")))
         if set(map(type, values)) <= _NUMBERS and set(map(type, names)) <= {str}:
-            return names, np.array(values, np.float64).tolist()
+            return names, np.array(values, np.float64)
     except (KeyError, OverflowError):
         pass
     out_names: list[str | None] = []
@@ -387,4 +390,4 @@ def _scalar_fields(payloads: list[dict[str, Any]]) -> tuple[list[str | None], li
         else:
             out_names.append(scalar.name)
             out_values.append(scalar.value)
-    return out_names, out_values
+    return out_names, np.array(out_values, np.float64)

@@ -220,7 +220,8 @@ def test_the_store_reads_scalar_payloads_as_the_scalar_struct_does() -> None:
             assert name is None and math.isnan(value)
         else:
             assert name == want.name and (value == want.value or math.isnan(want.value))
-    assert _scalar_fields(payloads[:2]) == (["a", "value"], [1.0, 2.5])  # the C-loop case
+    names, values = _scalar_fields(payloads[:2])  # the C-loop case
+    assert names == ["a", "value"] and values.tolist() == [1.0, 2.5]
 
 
 def test_extend_with_columns_needs_their_rank() -> None:

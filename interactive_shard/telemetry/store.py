@@ -13,70 +13,22 @@ import threading
 from bisect import bisect_right
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-import msgspec
 import numpy as np
 
+from interactive_shard.telemetry._columns import Column
+from interactive_shard.telemetry._scalar_rows import ScalarColumns, ScalarRows
 from interactive_shard.telemetry.schema import SCALAR, SCHEMA_VERSION, Event, ScalarRun
+
+__all__ = ["RunInfo", "RunStore", "ScalarColumns"]
 
 # A Python step per run costs about this many C-level checks of one event's kind.
 _RUN_COST = 8
 _KIND = operator.attrgetter("kind")
 _RANK = operator.attrgetter("rank")
 _STEP = operator.attrgetter("step")
-_T = operator.attrgetter("t")
 _FIRST = operator.itemgetter(0)
-_PAYLOAD = operator.attrgetter("payload")
-_VALUE = operator.itemgetter("value")
-_NUMBERS = {int, float}
-
-
-class _Column:
-    """A numpy column that grows by doubling: appended to under the store's lock, read
-    as views. A view stays valid after the column grows (its array is not changed, the
-    column moves to a larger copy) and what it covers never changes (append-only)."""
-
-    __slots__ = ("_data", "_n")
-
-    def __init__(self, dtype: type[np.generic]) -> None:
-        self._data: np.ndarray = np.empty(1024, dtype=dtype)
-        self._n = 0
-
-    def extend(self, values: list[int] | int, count: int) -> None:
-        """Append ``values`` (``count`` of them), or ``count`` times the one int."""
-        n = self._n
-        if n + count > len(self._data):  # np.resize would also fill the new part: not needed
-            grown = np.empty(max(2 * len(self._data), n + count), self._data.dtype)
-            grown[:n] = self._data[:n]
-            self._data = grown
-        try:
-            self._data[n : n + count] = values
-        except (OverflowError, TypeError, ValueError):
-            # Only events made in Python get here (the wire format checks ranks and
-            # steps): what does not fit is filed as -1, a rank no run has and a step
-            # no iteration has (models skip and count those events when they read them).
-            info = np.iinfo(self._data.dtype)
-            assert isinstance(values, list)
-            fit = [v if type(v) is int and info.min <= v <= info.max else -1 for v in values]
-            self._data[n : n + count] = fit
-        self._n = n + count
-
-    def view(self, start: int, end: int) -> np.ndarray:
-        return self._data[start:end]
-
-    def __len__(self) -> int:
-        return self._n
-
-
-class ScalarColumns(NamedTuple):
-    """Scalar events as aligned numpy columns (``RunStore.scalars``)."""
-
-    at: np.ndarray  # their log positions
-    ranks: np.ndarray
-    steps: np.ndarray
-    names: np.ndarray  # index into the store's scalar names; -1: the payload is no Scalar
-    values: np.ndarray  # float64 (NaN where names is -1)
 
 
 @dataclass
@@ -104,19 +56,14 @@ class RunStore:
         # events by (rank, step) without touching them at all (each event sits far from
         # the next in memory: reading even one field of 100k of them misses the cache
         # on each, ~0.1 us apiece; the collector fills these while the events are hot).
-        self._codes = _Column(np.uint32)
-        self._ranks = _Column(np.int32)
-        self._steps = _Column(np.int64)
+        self._codes = Column(np.uint32)
+        self._ranks = Column(np.int32)
+        self._steps = Column(np.int64)
         self._code_of: dict[str, int] = {}
-        # Scalars (Note [Columnar scalars] in schema): a row per scalar event, in log
-        # order, from the wire's columns or from the payload of a stored event. Those
-        # from columns hold None in the log until read as events (``_built``).
-        self._scalar_at = _Column(np.int64)
-        self._scalar_name = _Column(np.int32)
-        self._scalar_value = _Column(np.float64)
-        self._scalar_t = _Column(np.float64)
-        self._names: list[str] = []
-        self._name_code: dict[str, int] = {}
+        # A row per scalar (Note [Columnar scalars] in schema), from the wire's columns
+        # or from a stored event's payload. Those from columns hold None in the log
+        # until read as events (``_built``).
+        self._scalars = ScalarRows()
         self._unbuilt = 0  # scalars stored as columns only
         # kind -> (log position of each run, the runs): a run is a list of consecutive
         # events of that kind, as they arrived (a batch is mostly one run). Positions
@@ -193,10 +140,7 @@ class RunStore:
         index[0].append(at)
         index[1].append(run)
         if kind == SCALAR and not isinstance(run, int):
-            names, values = _scalar_fields(list(map(_PAYLOAD, run)))
-            code = {name: -1 if name is None else self._name(name) for name in dict.fromkeys(names)}
-            codes = list(map(code.__getitem__, names))
-            self._add_scalar_rows(np.arange(at, at + len(run)), codes, values, list(map(_T, run)))
+            self._scalars.add_events(at, run)
 
     def _extend_scalars(self, run: ScalarRun, rank: int) -> None:
         n = run.size
@@ -206,49 +150,14 @@ class RunStore:
         self._events.extend(itertools.repeat(None, n))  # type: ignore[arg-type]  # built when read
         self._codes.extend(self._code(SCALAR), n)
         self._ranks.extend(rank, n)
-        self._steps.extend(run.steps, n)  # type: ignore[arg-type]  # an array fits too
+        self._steps.extend(run.steps, n)
         self._add_run(SCALAR, at, n)
-        codes = np.array(list(map(self._name, run.names)), np.int32)[run.name_of]
-        self._add_scalar_rows(np.arange(at, at + n), codes, run.values, run.times)
+        self._scalars.add_run(at, run)
         self._unbuilt += n
-
-    def _add_scalar_rows(self, at: np.ndarray, names: Any, values: Any, times: Any) -> None:
-        n = len(at)
-        for column, data in zip(
-            (self._scalar_at, self._scalar_name, self._scalar_value, self._scalar_t),
-            (at, names, values, times),
-            strict=True,
-        ):
-            column.extend(data, n)
-
-    def _name(self, name: str) -> int:
-        code = self._name_code.get(name)
-        if code is None:
-            code = self._name_code[name] = len(self._names)
-            self._names.append(name)
-        return code
 
     def _built(self, positions: np.ndarray) -> list[Event]:
         """Under the lock: the columnar scalars at ``positions``, as events."""
-        rows = np.searchsorted(self._scalar_at.view(0, len(self._scalar_at)), positions)
-        names = self._names
-        return list(
-            map(
-                Event,
-                itertools.repeat(SCALAR),
-                self._ranks.view(0, len(self._events))[positions].tolist(),
-                self._steps.view(0, len(self._events))[positions].tolist(),
-                self._scalar_t.view(0, len(self._scalar_t))[rows].tolist(),
-                [
-                    {"name": names[code], "value": value}
-                    for code, value in zip(
-                        self._scalar_name.view(0, len(self._scalar_name))[rows].tolist(),
-                        self._scalar_value.view(0, len(self._scalar_value))[rows].tolist(),
-                        strict=True,
-                    )
-                ],
-            )
-        )
+        return self._scalars.built(positions, self._ranks.view(0), self._steps.view(0))
 
     def _filled(self, events: list[Event], positions: np.ndarray) -> list[Event]:
         """Under the lock: ``events`` (read at ``positions``) with every columnar scalar
@@ -338,11 +247,7 @@ class RunStore:
         columns, every name they refer to, and the row to start from next time: a
         model reads 100k scalars in numpy without an event object."""
         with self._lock:
-            end, size = len(self._scalar_at), len(self._events)
-            at = self._scalar_at.view(start, end)
-            names, values = self._scalar_name.view(start, end), self._scalar_value.view(start, end)
-            ranks, steps = self._ranks.view(0, size)[at], self._steps.view(0, size)[at]
-            return ScalarColumns(at, ranks, steps, names, values), list(self._names), end
+            return self._scalars.read(start, self._ranks.view(0), self._steps.view(0))
 
     def kinds(self) -> list[str]:
         """Every kind stored so far, in the order each first arrived."""
@@ -360,34 +265,3 @@ class RunStore:
             f"RunStore({len(self)} events, world_size={self.info.world_size}, "
             f"backend={self.info.backend!r})"
         )
-
-
-class _Scalar(msgspec.Struct, kw_only=True, frozen=True):
-    """The fields of ``cluster.events.Scalar`` (a test keeps the two alike)."""
-
-    name: str = "value"
-    value: float
-
-
-def _scalar_fields(payloads: list[dict[str, Any]]) -> tuple[list[str | None], np.ndarray]:
-    """Each scalar payload's name and value (None and NaN where ``msgspec.convert`` into
-    ``Scalar`` refuses it): C loops for the common case, where every payload fits."""
-    try:
-        values = list(map(_VALUE, payloads))
-        names = list(map(dict.get, payloads, itertools.repeat("name"), itertools.repeat("value")))
-        if set(map(type, values)) <= _NUMBERS and set(map(type, names)) <= {str}:
-            return names, np.array(values, np.float64)
-    except (KeyError, OverflowError):
-        pass
-    out_names: list[str | None] = []
-    out_values: list[float] = []
-    for payload in payloads:
-        try:
-            scalar = msgspec.convert(payload, _Scalar)
-        except msgspec.ValidationError:
-            out_names.append(None)
-            out_values.append(np.nan)
-        else:
-            out_names.append(scalar.name)
-            out_values.append(scalar.value)
-    return out_names, np.array(out_values, np.float64)

@@ -22,8 +22,9 @@ from interactive_shard.cluster.context import RankContext
 from interactive_shard.cluster.events import Scalar
 from interactive_shard.monitor.model import MonitorModel
 from interactive_shard.telemetry import Collector, Emitter, Event, recording, schema
+from interactive_shard.telemetry._scalar_rows import _Scalar, _scalar_fields
 from interactive_shard.telemetry.schema import SCHEMA_VERSION, Batch
-from interactive_shard.telemetry.store import RunInfo, RunStore, _Scalar, _scalar_fields
+from interactive_shard.telemetry.store import RunInfo, RunStore
 
 RANK = 1
 TOKEN = schema.token_field("t" * 16)
@@ -99,6 +100,10 @@ def test_columns_read_back_as_the_events_sent_one_by_one(
         runs = [len(list(g)) for n, g in itertools.groupby(map(len, buffered)) if n == 4]
         columns = [n for n in runs if n >= schema.MIN_COLUMNS]  # long runs; short ones: events
         assert [run.size for run in batch.scalars] == columns
+        again = schema.decode_batch(schema.encode_batch(batch))  # encode_batch keeps them
+        for a, b in zip(again.scalars, batch.scalars, strict=True):
+            assert (a.before, a.names) == (b.before, b.names)
+            assert all(x.tobytes() == y.tobytes() for x, y in zip(a[2:], b[2:], strict=True))
         columnar.extend(batch.events, rank=batch.rank, scalars=batch.scalars)
         plain.extend(_as_events(buffered))
     assert columnar.version == plain.version

@@ -52,6 +52,23 @@ class Launch:
         self.end_t = _monotonic()
 
 
+# Note [A spy's collectives go through Python]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Background: torch 2.13's backward stashes a Python object in the thread-local state
+# (``_engine_run_backward``: ``_stash_obj_in_tls("context", ...)``), and a gloo work
+# captures that state when it is made. So the last reference to a work made during
+# backward (a bucket's all-reduce) needs the GIL to go: a gloo worker thread drops it
+# after running the work, holding gloo's queue lock.
+# Deadlock (seen about once in 25-150 fresh 2-rank runs, gdb on both ranks): a
+# collective the Reducer calls on this group that this class does not override (the
+# broadcast of ``_rebuild_buckets`` at iteration 2) goes through pybind's trampoline,
+# which reaches gloo's queue lock with the GIL held. The worker waits for the GIL
+# under the lock, the main thread for the lock under the GIL; the other rank times out.
+# Algorithm: every collective the Reducer issues (``allreduce``, ``broadcast``) is a
+# Python method here that calls the inner group: its binding releases the GIL before
+# it queues the work.
+
+
 class SpyGroup(dist.ProcessGroup):
     def __init__(self, inner: dist.ProcessGroup, on_launch: Callable[[Launch], None]) -> None:
         super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg]  # no store: a wrapper
@@ -79,6 +96,14 @@ class SpyGroup(dist.ProcessGroup):
             for listener in list(self.listeners):
                 listener(launch)
         return work
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        # The Reducer's one other collective (its rebuilt bucket indices): forwarded
+        # from Python, never left to the base class. Note [A spy's collectives go
+        # through Python].
+        if opts is None:
+            return self.inner.broadcast(tensors)
+        return self.inner.broadcast(tensors, opts)
 
     def getBackendName(self) -> str:
         return self.inner.getBackendName() if hasattr(self.inner, "getBackendName") else "spy"

@@ -461,3 +461,41 @@ def test_probe_reads_the_delayed_parameters_from_ddp(one_rank: None, root: str) 
     )
     with pytest.raises(ValueError, match="DDP built no Reducer"):
         check_watchable(alone, "off", None, None)
+
+
+def test_the_spy_forwards_every_collective_of_the_reducer_from_python(
+    one_rank: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Note [A spy's collectives go through Python]: a collective the Reducer calls on
+    the spy that the spy does not override runs with the GIL held up to gloo's queue
+    lock, and deadlocks against a gloo worker that frees a work under that lock. So
+    each one the Reducer issues must land in a Python method of the spy (whose call of
+    the inner group releases the GIL): its bucket all-reduces and, at iteration 2,
+    the broadcast of the rebuilt bucket indices."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from interactive_shard.buckets import _spy
+
+    called: list[str] = []
+    for name in ("allreduce", "broadcast"):
+        assert name in vars(_spy.SpyGroup), f"SpyGroup must forward {name} from Python"
+        forward = getattr(_spy.SpyGroup, name)
+
+        def spied(self: Any, *args: Any, _name: str = name, _f: Any = forward) -> Any:
+            called.append(_name)
+            return _f(self, *args)
+
+        monkeypatch.setattr(_spy.SpyGroup, name, spied)
+    for find_unused in (False, True):
+        called.clear()
+        torch.manual_seed(0)
+        ddp = DDP(
+            nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)), find_unused_parameters=find_unused
+        )
+        assert _spy.attach(ddp, lambda launch: None) is not None
+        for _ in range(3):
+            ddp(torch.randn(4, 8)).sum().backward()
+        # Rebuilt once (its indices, then its bucket sizes), except with unused
+        # parameters, where DDP never rebuilds and all-reduces a used map each iteration.
+        assert called.count("broadcast") == (0 if find_unused else 2)
+        assert called.count("allreduce") == (6 if find_unused else 3)

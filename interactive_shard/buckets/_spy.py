@@ -97,7 +97,9 @@ class SpyGroup(dist.ProcessGroup):
                 listener(launch)
         return work
 
-    def broadcast(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+    # Never traced: the Reducer calls this from DDP's forward, which may be compiled.
+    @torch.compiler.disable
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         # The Reducer's one other collective (its rebuilt bucket indices): forwarded
         # from Python, never left to the base class. Note [A spy's collectives go
         # through Python].

@@ -147,13 +147,15 @@ class RunStore:
         if not n:
             return
         at = len(self._events)
-        self._events.extend(itertools.repeat(None, n))  # type: ignore[arg-type]  # built when read
+        # Counted first: ``at`` reads the log without the lock, and must know a None
+        # in it is a scalar to build once the log holds one.
+        self._unbuilt += n
         self._codes.extend(self._code(SCALAR), n)
         self._ranks.extend(rank, n)
         self._steps.extend(run.steps, n)
         self._add_run(SCALAR, at, n)
         self._scalars.add_run(at, run)
-        self._unbuilt += n
+        self._events.extend(itertools.repeat(None, n))  # type: ignore[arg-type]  # built when read
 
     def _built(self, positions: np.ndarray) -> list[Event]:
         """Under the lock: the columnar scalars at ``positions``, as events."""

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 OUT ?= out/demo
 
-.PHONY: demo test lab lint unit package integration notebooks docs browser bench clean
+.PHONY: demo test test-torch lab lint unit package integration notebooks docs browser bench clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,27 @@ docs: $(STAMP)  # the docs site in site/ (README, docs/, notebooks with outputs,
 
 browser: $(STAMP)
 	$(PY) -m pytest tests/browser -q -rs
+
+# `make test-torch TORCH=2.15.0`: unit, integration and notebook tests on another torch
+# release, in a venv of its own (.venv-torch-2.15.0). A release not on this disk is a
+# CUDA wheel of ~3 GB, run on the CPU. TORCH_SUITES picks the suites (CI: no notebooks
+# on the oldest release). PIP_CONSTRAINT= lifts a machine-wide pip cap on torch's version.
+TORCH ?= 2.15.0
+TORCH_SUITES ?= unit integration notebooks
+TVENV := .venv-torch-$(TORCH)
+TPY := $(TVENV)/bin/python
+
+$(TVENV)/.installed: pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(TVENV)
+	$(TPY) -m pip install -q --upgrade pip
+	grep -v '^torch==' requirements-dev.txt > $(TVENV)/requirements.txt
+	PIP_CONSTRAINT= $(TPY) -m pip install -q torch==$(TORCH) -r $(TVENV)/requirements.txt
+	$(TPY) -m pip install -q --no-deps -e .
+	touch $@
+
+test-torch: $(TVENV)/.installed
+	@$(TPY) -c "import torch; print('torch', torch.__version__)"
+	$(MAKE) $(TORCH_SUITES) PY=$(TPY) STAMP=$(TVENV)/.installed
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

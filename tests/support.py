@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,53 @@ def lifecycle_state(m: Any) -> dict[str, Any]:
         for inst in m.instances_of(rank):
             out[f"{rank}/{inst.serial}"] = (inst.settings, inst.hooks, inst.iterations)
     return out
+
+
+class _NoEvent:
+    """SHIM (test only): a no-op ``torch.Event``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class _NoStream:
+    """SHIM (test only): a no-op ``torch.Stream``, usable as a context manager."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> _NoStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def accelerator_shim() -> Iterator[None]:
+    """SHIM (test only): no-op events and streams, so DDP's native mixed precision takes
+    on a CPU the path it takes on a GPU (its dtypes, not its numbers). DDP makes a
+    ``torch.Stream`` at construction (which a CUDA build of torch without a GPU refuses)
+    and records ``torch.Event``s in forward (which the CPU build refuses). Restored on
+    exit: the rank lives on."""
+    import torch
+
+    saved = torch.Event, torch.Stream, torch.accelerator.current_stream
+    torch.Event, torch.Stream = _NoEvent, _NoStream  # type: ignore[misc, assignment]
+    torch.accelerator.current_stream = lambda *a, **k: _NoStream()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.Event, torch.Stream, torch.accelerator.current_stream = saved  # type: ignore[misc]

@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from interactive_shard.probing.compat import ddp as compat_ddp
+
 # ``std::numeric_limits<size_t>`` would be larger, but DDP passes ``sys.maxsize``.
 NO_LIMIT = sys.maxsize
 # The reducer gives a bucket of one sparse gradient the limit 0 (``kNoSizeLimit``).
@@ -31,8 +33,7 @@ SPARSE_LIMIT = 0
 
 MIB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25
-# Present since torch 1.x; guarded because it is private.
-DEFAULT_FIRST_BUCKET_BYTES: int = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", MIB)
+DEFAULT_FIRST_BUCKET_BYTES = compat_ddp.DEFAULT_FIRST_BUCKET_BYTES
 
 Key = tuple[torch.dtype, torch.device]
 
@@ -222,7 +223,7 @@ def _open_bucket_order(keys: tuple[Key, ...]) -> tuple[Key, ...]:
     if len(keys) <= 1:
         return keys
     fallback = tuple(reversed(keys))
-    compute = getattr(torch.distributed, "_compute_bucket_assignment_by_size", None)
+    compute = compat_ddp.compute_bucket_assignment()
     if compute is None:
         return fallback
     try:

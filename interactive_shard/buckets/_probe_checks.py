@@ -12,6 +12,7 @@ from typing import get_args
 from torch.nn.parallel import DistributedDataParallel
 
 from interactive_shard.buckets.events import Checksum
+from interactive_shard.probing.compat import ddp as compat_ddp
 
 CHECKSUM_MODES: tuple[Checksum, ...] = get_args(Checksum)
 
@@ -70,9 +71,7 @@ def check_attachable(ddp: DistributedDataParallel, probe_hook: object) -> None:
         raise CommHookRegisteredError(already_hooked(qualname(hooks[0][0])))
     # A built-in (C++) hook leaves no Python trace but DDP's logger names it.
     builtin = None
-    if hasattr(ddp, "logger"):
-        logged = ddp._get_ddp_logging_data()  # type: ignore[no-untyped-call, unused-ignore]
-        builtin = logged.get("comm_hook")
+    builtin = compat_ddp.logging_data(ddp).get("comm_hook")
     if builtin:
         raise CommHookRegisteredError(already_hooked(str(builtin)))
 

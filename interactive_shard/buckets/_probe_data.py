@@ -17,11 +17,8 @@ from msgspec.structs import asdict
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from interactive_shard.buckets import _spy
-from interactive_shard.buckets._assign import DEFAULT_FIRST_BUCKET_BYTES
 from interactive_shard.buckets._params import ReducerParam
 from interactive_shard.buckets._probe_checks import qualname
-from interactive_shard.buckets._spy import Launch
 from interactive_shard.buckets.events import (
     BucketReduced,
     Checksum,
@@ -29,6 +26,9 @@ from interactive_shard.buckets.events import (
     DdpIteration,
     DdpWatch,
 )
+from interactive_shard.probing import spy as _spy
+from interactive_shard.probing.compat import ddp as compat_ddp
+from interactive_shard.probing.spy import Launch
 from interactive_shard.telemetry import rank as telemetry
 
 log = logging.getLogger("interactive_shard.buckets.probe")
@@ -51,15 +51,14 @@ def watch_event(
     world_size: int,
     user_hook: object,
     checksum: Checksum,
+    first_iteration: int | None = 1,
 ) -> DdpWatch:
-    """``ddp_watch``; private DDP fields read with getattr (torch 2.5 to 2.13)."""
+    """``ddp_watch``; DDP's private fields read through ``probing.compat.ddp``."""
     mib = float(2**20)
     cap = int(ddp.bucket_bytes_cap)
     default_cap = bool(getattr(ddp, "bucket_bytes_cap_default", False))
-    cap_list = list(getattr(ddp, "bucket_bytes_cap_list", None) or [])  # torch >= 2.13
-    first = getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap", None)
-    if first is None:  # torch < 2.13: the 1 MiB first bucket only when no cap was given
-        first = DEFAULT_FIRST_BUCKET_BYTES if default_cap else cap
+    cap_list = compat_ddp.cap_list_bytes(ddp)
+    first = compat_ddp.first_bucket_bytes(ddp, default_cap)
     return DdpWatch(
         fqns=[r.fqn for r in rows],
         shapes=[tuple(r.param.shape) for r in rows],
@@ -76,6 +75,7 @@ def watch_event(
         user_hook=None if user_hook is None else qualname(user_hook),
         checksum=checksum,
         delayed=delayed_params(ddp),
+        first_iteration=first_iteration,
     )
 
 
@@ -85,7 +85,7 @@ Place = tuple[str, str, nn.Module]  # (DDP key, owning module fqn, owning module
 def delayed_params(ddp: DistributedDataParallel) -> DdpDelayed | None:
     """``delay_all_reduce_named_params`` as DDP keeps them: the tensors in
     ``_delay_all_reduce_params``, the names given in ``parameters_to_ignore``."""
-    params = list(getattr(ddp, "_delay_all_reduce_params", None) or [])
+    params = compat_ddp.delayed_params(ddp)
     if not params:
         return None
     ignored = set(getattr(ddp, "parameters_to_ignore", ()))

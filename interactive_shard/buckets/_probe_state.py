@@ -15,7 +15,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from interactive_shard.buckets._probe_data import Reduced
-from interactive_shard.buckets._spy import Launch
+from interactive_shard.probing.spy import Launch
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import GradBucket

@@ -123,6 +123,15 @@ class DdpWatch(msgspec.Struct, kw_only=True, frozen=True):
             "(`delay_all_reduce_named_params`); null: none"
         ),
     ] = None
+    first_iteration: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(
+            description="DDP's own number of the first iteration watched: above 1 when "
+            "`ish.watch` came after DDP ran (iterations are numbered as DDP numbers them); "
+            "null: DDP ran an unknown number of iterations before (they are numbered from "
+            "1, and the plan is not compared with them)",
+        ),
+    ] = 1
 
     def __post_init__(self) -> None:
         _same_lengths(

@@ -249,7 +249,23 @@ class BucketMap(BucketEvents, ShowsView):
         return self.plan(**what_if).iteration(iteration)
 
     def compare(self, iteration: int, rank: int = 0, **what_if: Any) -> Comparison:
-        """Planned vs observed buckets of ``iteration`` on ``rank``."""
+        """Planned vs observed buckets of ``iteration`` on ``rank``.
+
+        Iterations are DDP's own numbers. Refused (ValueError, saying why) for one that
+        ran before ``ish.watch``, and for any when DDP had run an unknown number of
+        iterations before it (its iteration 1 holds one bucket, later ones the rebuilt
+        buckets: which is which cannot be told)."""
+        _check_iteration(iteration)
+        info = self.info
+        if info is not None:
+            late = late_watch(info)
+            if info.first_iteration is None:
+                raise ValueError(f"cannot compare iteration {iteration}: {late}")
+            if iteration < info.first_iteration:
+                raise ValueError(
+                    f"iteration {iteration} ran before ish.watch: {late}. Compare "
+                    f"iteration {info.first_iteration} or later."
+                )
         return analysis.compare(
             iteration, rank, self.planned(iteration, **what_if), self.observed(iteration, rank)
         )
@@ -269,6 +285,10 @@ class BucketMap(BucketEvents, ShowsView):
         self.update()
         raw = self._records
         preferred = (2, 1) if static_graph else (1, 2)
+        info = self.info
+        first = info.first_iteration if info is not None else 1
+        if first != 1:  # a late watch: the order of the first iteration seen
+            preferred = (first or 1, (first or 1) + 1)
         cached = self._ready.get(static_graph)
         if cached is not None and cached[0] in (-1, len(raw)):
             return cached[1]
@@ -350,6 +370,24 @@ def _keep(cache: OrderedDict[tuple[int, int], Any], key: tuple[int, int], value:
     cache[key] = value
     if len(cache) > _DECODED_CACHE:
         cache.popitem(last=False)
+
+
+def late_watch(info: WatchInfo) -> str:
+    """What a late ``ish.watch`` means for the iterations seen, in words ("" if on time)."""
+    first = info.first_iteration
+    if first == 1:
+        return ""
+    if first is None:
+        return (
+            "ish.watch came after DDP had already run an unknown number of iterations (DDP "
+            "logs its count only for the first ten), so the watched ones are numbered from "
+            "1 here and their buckets are DDP's rebuilt ones, whatever their number. Call "
+            "ish.watch(ddp) right after wrapping the model to compare with the plan"
+        )
+    return (
+        f"ish.watch came after DDP had run {first - 1} iteration(s), so the first watched "
+        f"iteration is DDP's iteration {first} (iterations are numbered as DDP numbers them)"
+    )
 
 
 def _check_iteration(iteration: object) -> None:

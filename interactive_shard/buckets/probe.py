@@ -13,7 +13,7 @@ show the whole reduction without touching DDP's code. Events: ``events.py``
 Algorithm:
 
 0. Without a user hook, ``attach`` puts a process group in front of the Reducer's
-   (``_spy.py``): DDP reduces exactly as it would unwatched, in C++, and the spy notes
+   (``probing/spy.py``): DDP reduces exactly as it would unwatched, in C++, and the spy notes
    when each bucket's all-reduce starts and ends; the Reducer's bucket layout gives
    each launch its parameters. Where that private API is missing, and always with a
    user hook, step 1 applies.
@@ -69,7 +69,7 @@ Nested backward (reentrant checkpoint):
   the user's backward ends. A gradient that arrives later (a layer checkpointed twice)
   is not reduced and stays local, so the ranks silently diverge.
 * The spy's end time is noted by a callback on the backend's thread, which needs the
-  GIL, and the backend wakes DDP's wait *before* it runs its callbacks (``_spy.py``).
+  GIL, and the backend wakes DDP's wait *before* it runs its callbacks (``probing/spy.py``).
   That callback could still be waiting when the probe emitted the bucket, whose
   reduction then read 0 ms (seen in about 1 in 8 checkpoint-twice backwards on 2 busy
   cores, where the user's backward goes on after DDP's wait; less often without
@@ -95,7 +95,6 @@ from torch.utils._pytree import tree_leaves
 
 from interactive_shard.buckets import _probe_checks as checks
 from interactive_shard.buckets import _probe_data as data
-from interactive_shard.buckets import _spy
 from interactive_shard.buckets._params import reducer_params
 from interactive_shard.buckets._probe_checks import CommHookRegisteredError
 from interactive_shard.buckets._probe_state import (
@@ -108,6 +107,8 @@ from interactive_shard.buckets._probe_state import (
     Scaling,
 )
 from interactive_shard.buckets.events import Checksum
+from interactive_shard.probing import collective_log
+from interactive_shard.probing import spy as _spy
 from interactive_shard.telemetry.rank import current_run as _current_run
 
 if TYPE_CHECKING:
@@ -198,7 +199,9 @@ class Probe:
         self._grad_ptrs: dict[int, int] = {}
         self._track_views = self._scaling is Scaling.PER_GRADIENT and user_hook is None
         self.phase = Phase.ARMED  # no forward seen yet: assume one prepared DDP
-        self._iteration = 0
+        # Numbered as DDP numbers them, also when watched late (None: unknown, from 1).
+        done = collective_log.iterations_done(ddp)
+        self._iteration = done or 0
         self._now = Collected()
         self._end = BackwardEnd()
         # Note step 0: without a user hook, watch DDP's own reductions from a process
@@ -218,13 +221,15 @@ class Probe:
         ]
         # A model watched in one cluster.run and trained in the next: describe it again
         # in every run it works in, so each run's bucket map can plan.
-        self._watch = data.watch_event(ddp, rows, self.world_size, user_hook, checksum)
+        first = None if done is None else done + 1
+        self._watch = data.watch_event(ddp, rows, self.world_size, user_hook, checksum, first)
         data.emit(self._watch)
         self._announced_in = _current_run()
 
     @property
     def iteration(self) -> int:
-        """DDP iterations seen so far (1 = the first backward after ``ish.watch``)."""
+        """The DDP iteration seen last, numbered as DDP does (1 = DDP's first backward;
+        from 1 at ``ish.watch`` when DDP's own count is unknown)."""
         return self._iteration
 
     @property
@@ -279,7 +284,8 @@ class Probe:
                 return
             if phase in UNQUEUED:
                 self._begin()
-            self._now.ready.append((index, _monotonic()))
+            if param.grad is not None:  # Note [Undefined gradients] in probing/__init__.py
+                self._now.ready.append((index, _monotonic()))
 
         return hook
 

@@ -4,7 +4,7 @@ shows; ``ui/fallback.py``)."""
 
 from __future__ import annotations
 
-from interactive_shard.buckets.model import BucketMap
+from interactive_shard.buckets.model import BucketMap, late_watch
 from interactive_shard.buckets.records import ObservedBucket, WatchInfo
 from interactive_shard.ui.fallback import listed, nbytes
 
@@ -17,13 +17,17 @@ def summary(model: BucketMap) -> str:
     if info is None:
         return "Waiting for ish.watch(ddp) on the ranks."
     lines = [_settings(info)]
+    late = late_watch(info)
+    if late:
+        lines.append(f"Watched late: {late}.")
     its = model.iterations
     if not its:
         return "\n".join([*lines, "No iteration observed yet."])
     rank = model.ranks[0] if model.ranks else 0
     lines.append(f"{len(its):,} iteration(s), {its[0]} to {its[-1]}, on ranks {model.ranks}")
     first, latest = model.observed(its[0], rank), model.observed(its[-1], rank)
-    lines.append(f"iteration {its[0]} (initial buckets): {_sizes(first)}")
+    initial = "initial buckets" if info.first_iteration == 1 else "first watched"
+    lines.append(f"iteration {its[0]} ({initial}): {_sizes(first)}")
     if len(its) > 1 and _layout(first) != _layout(latest):
         lines.append(f"iteration {its[-1]} (latest, rebuilt): {_sizes(latest)}")
     lines += [

@@ -99,7 +99,7 @@ def _start(cfg: WorkerConfig) -> Any:
     dist.init_process_group(
         cfg.backend, store=store, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout
     )
-    from interactive_shard.lifecycle import _ring
+    from interactive_shard.probing import collective_log as _ring
 
     _ring.start()  # from here on: DDP's construction-time sync happens before ish.watch
     emitter = Emitter(cfg.telemetry_address, cfg.telemetry_token, cfg.rank)

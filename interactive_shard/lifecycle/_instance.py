@@ -239,7 +239,11 @@ def advice(inst: Instance) -> list[Finding]:
     ready = t.col("ready")[done[1:]]  # the first iteration's order may differ
     first = names[int(ready[0])]
     single = bool(np.all(t.col("forwards")[done] == 1))
-    if not inst.watch.static_graph and bool(np.all(ready == ready[0])) and first and single:
+    # Note [Undefined gradients]: with a parameter unused, static_graph=True crashes.
+    seen = np.unique(t.col("unready")[done]).tolist()
+    unused = sorted({f for i in seen for f in names[i]})
+    same = bool(np.all(ready == ready[0]))
+    if not inst.watch.static_graph and same and first and single and not unused:
         out.append(
             Finding(
                 "static_graph_safe",
@@ -258,10 +262,8 @@ def advice(inst: Instance) -> list[Finding]:
     walks = walks[~np.isnan(walks)]
     if inst.watch.find_unused_parameters and len(walks):
         ms = float(np.median(walks)) * 1e3
-        seen = np.unique(t.col("unready")[done]).tolist()
-        unused = sorted({f for i in seen for f in names[i]})
         if unused:
-            text = f"parameters {unused} were unused, so it is needed (or static_graph=True)"
+            text = f"parameters {unused} were unused, so it is needed"
         else:
             text = "no parameter was ever unused: find_unused_parameters=False saves that"
         out.append(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from interactive_shard.buckets import _spy
-from interactive_shard.lifecycle._ring import Record
 from interactive_shard.lifecycle._watch import collective
 from interactive_shard.lifecycle.events import Collective, LifecycleIteration
+from interactive_shard.probing import spy as _spy
+from interactive_shard.probing.collective_log import Record
 
 
 @dataclass(slots=True)

@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from interactive_shard.lifecycle._ring import Record, Recorder
 from interactive_shard.lifecycle.events import Collective, Hooks, LifecycleWatch
+from interactive_shard.probing.collective_log import Record, Recorder
+from interactive_shard.probing.compat import ddp as compat_ddp
 
 _DELAYED_HOOK = DDP._delayed_all_reduce_hook
 
@@ -58,17 +59,17 @@ def comm_hook(ddp: DDP) -> str | None:
     if registered:
         return ", ".join(getattr(h, "__qualname__", repr(h)) for h, _ in registered)
     try:  # a built-in hook (FP16_COMPRESS, ...) is only in the logging data
-        name = ddp._get_ddp_logging_data().get("comm_hook")
+        name = compat_ddp.logging_data(ddp).get("comm_hook")
     except Exception:
         return None
     return str(name) if name else None
 
 
 def watch_event(ddp: DDP, rec: Recorder, serial: int, fqn: dict[int, str]) -> LifecycleWatch:
-    params = [p for p in ddp._module_parameters if p.requires_grad]
+    params = [p for p in compat_ddp.params(ddp) if p.requires_grad]
     buffers: list[torch.Tensor] = list(getattr(ddp, "modules_buffers", []))
     buffer_names = [n for n, _ in getattr(ddp, "named_module_buffers", {}).items()]
-    hook_param = next((p for p in ddp._delay_all_reduce_params if delayed_owners(p, rec)), None)
+    hook_param = next((p for p in compat_ddp.delayed_params(ddp) if delayed_owners(p, rec)), None)
     if hook_param is None:  # the hook sits on param_to_hook_all_reduce, maybe not delayed
         hook_param = next(
             (p for p in ddp.module.parameters() if serial in delayed_owners(p, rec)), None
@@ -80,16 +81,16 @@ def watch_event(ddp: DDP, rec: Recorder, serial: int, fqn: dict[int, str]) -> Li
         recorded_from="process_group" if rec.since == "process_group" else "watch",
         static_graph=bool(ddp.static_graph),
         find_unused_parameters=bool(ddp.find_unused_parameters),
-        forward_sync_buffers=_forward_sync(ddp),
+        forward_sync_buffers=compat_ddp.forward_sync_buffers(ddp),
         init_sync_buffers=_init_synced_buffers(ddp, rec, serial, params, buffers),
         gradient_as_bucket_view=bool(ddp.gradient_as_bucket_view),
-        delayed=[fqn.get(id(p), "?") for p in ddp._delay_all_reduce_params],
+        delayed=[fqn.get(id(p), "?") for p in compat_ddp.delayed_params(ddp)],
         hook_param=None if hook_param is None else fqn.get(id(hook_param), "?"),
         comm_hook=comm_hook(ddp),
         mixed_precision=None if mp is None else repr(mp),
         optimizer_in_backward=[
             fqn.get(id(p), "?")
-            for p in ddp._module_parameters
+            for p in compat_ddp.params(ddp)
             if hasattr(p, "_in_backward_optimizers")
         ],
         params=[fqn.get(id(p), "?") for p in params],
@@ -109,12 +110,6 @@ def _init_synced_buffers(
     ``forward_sync_buffers=False`` does not), else DDP's setting."""
     seen = rec.of(serial, "ddp_init")
     if seen and buffers:
-        delayed = nbytes(list(ddp._delay_all_reduce_params))
+        delayed = nbytes(compat_ddp.delayed_params(ddp))
         return sum(r[1] for r in seen) - delayed >= nbytes(params) + nbytes(buffers)
-    return _forward_sync(ddp)
-
-
-def _forward_sync(ddp: Any) -> bool:
-    """Buffers broadcast before every forward: ``forward_sync_buffers`` in torch 2.13,
-    ``broadcast_buffers`` before it."""
-    return bool(getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", True)))
+    return compat_ddp.forward_sync_buffers(ddp)

@@ -11,9 +11,9 @@ twice leaves two Reducers' hooks on every gradient accumulator. And the collecti
 that matter happen where a probe attached by ``ish.watch(ddp)`` cannot see them:
 ``_sync_module_states`` runs inside ``DistributedDataParallel.__init__``.
 
-Recorder (``_ring.py``, one per process): the cluster's worker starts it right after
-``init_process_group`` (a torchrun rank: the first lifecycle probe does). It listens to
-the ``torch.distributed`` wrappers (``timeline._collectives``: DDP issues its syncs as
+Recorder (``probing/collective_log.py``, one per process): the cluster's worker starts it
+right after ``init_process_group`` (a torchrun rank: the first lifecycle probe does). It listens to
+the ``torch.distributed`` wrappers (``probing.collectives``: DDP issues its syncs as
 ``dist._broadcast_coalesced`` and its delayed all-reduce as ``dist.all_reduce``, looked
 up at call time) and keeps the last 4096 in a ring. The caller is found from the code
 objects of the frames just above the call (at most 6; ``self`` is read only from a DDP
@@ -51,7 +51,7 @@ fires at the next forward (before DDP's buffer broadcast) or after the next coll
 returns; a graph kept alive (e.g. a loss tensor in a list) hides a dropped forward.
 Instances built before the recorder started (torchrun, before ``ish.watch``) are unknown
 unless watched. Gradient-bucket all-reduces are seen through the buckets' process-group
-spy (``buckets._spy``) and are not in the process-wide ring.
+spy (``probing.spy``) and are not in the process-wide ring.
 """
 
 from __future__ import annotations
@@ -67,11 +67,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from interactive_shard.buckets import _spy
-from interactive_shard.lifecycle import _checks, _ring, _walk
+from interactive_shard.lifecycle import _checks, _walk
 from interactive_shard.lifecycle._part import Part
 from interactive_shard.lifecycle._watch import delayed_owners, watch_event
 from interactive_shard.lifecycle.events import LifecycleCheck
+from interactive_shard.probing import collective_log as _ring
+from interactive_shard.probing import spy as _spy
+from interactive_shard.probing.compat import ddp as compat_ddp
 from interactive_shard.telemetry import rank as telemetry
 from interactive_shard.telemetry.rank import current_run as _current_run
 
@@ -120,10 +122,12 @@ class LifecycleProbe:
         self.rec = _ring.start(since="watch")
         self.serial = self.rec.instance(ddp).serial
         self.fqn = {id(p): n for n, p in ddp.module.named_parameters()}
-        self.params = [p for p in ddp._module_parameters if p.requires_grad]
-        self.tracked = self.params + list(ddp._delay_all_reduce_params)
+        self.params = [p for p in compat_ddp.params(ddp) if p.requires_grad]
+        self.tracked = self.params + compat_ddp.delayed_params(ddp)
         self.names = [self.fqn.get(id(p), "?") for p in self.tracked]
-        self.iteration = 0
+        # Numbered as DDP numbers them, also when watched late (the bucket probe agrees).
+        self._done_at_watch = _ring.iterations_done(ddp) or 0
+        self.iteration = self._done_at_watch
         self.attached = True
         self.emitted = 0
         self.walk_start: float | None = None  # set by _walk during a forward
@@ -179,7 +183,11 @@ class LifecycleProbe:
         """Emit what the open iteration holds so far (nothing before the first)."""
         with self._lock:
             part, self._part = self._part, Part()
-        if self.iteration >= 1 and not part.empty() and self._run == _current_run():
+        if (
+            self.iteration > self._done_at_watch
+            and not part.empty()
+            and self._run == _current_run()
+        ):
             self._emit(part.event(self.iteration, self.serial, self.names, self._group))
 
     # -- forward -----------------------------------------------------------------------------
@@ -249,8 +257,9 @@ class LifecycleProbe:
         return hook
 
     def _ready_hook(self, index: int) -> Callable[[torch.Tensor], None]:
-        def hook(_param: torch.Tensor) -> None:
-            if self.attached and index not in self._got:
+        def hook(param: torch.Tensor) -> None:
+            # An undefined gradient (Note [Undefined gradients]) is no gradient.
+            if self.attached and index not in self._got and param.grad is not None:
                 self._got.add(index)
                 self._part.ready.append(index)
 
@@ -305,11 +314,13 @@ class LifecycleProbe:
             return
         self._report_dead()
         issuer = record[7]
-        if self.iteration >= 1 and (issuer == self.serial or (issuer is None and self._open)):
+        if self.iteration > self._done_at_watch and (
+            issuer == self.serial or (issuer is None and self._open)
+        ):
             self._hold(record)
 
     def _on_launch(self, launch: _spy.Launch) -> None:
-        if self.attached and self.iteration >= 1 and self._run == _current_run():
+        if self.attached and self.iteration > self._done_at_watch and self._run == _current_run():
             self._hold(launch)
 
     def _hold(self, item: _ring.Record | _spy.Launch) -> None:

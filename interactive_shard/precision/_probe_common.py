@@ -32,6 +32,7 @@ from interactive_shard.precision.events import (
     Unit,
 )
 from interactive_shard.probing import in_backward
+from interactive_shard.probing.compat import fsdp as compat_fsdp
 from interactive_shard.telemetry import rank as telemetry
 from interactive_shard.telemetry.rank import current_run
 
@@ -116,7 +117,12 @@ class Recorder:
         self._held_collectives: list[PrecisionCollective] = []
         self._hold_lock = threading.Lock()  # autograd hooks may run on other threads
         self._undo: list[Callable[[], None]] = [telemetry.before_flush(self.send)]
-        self._watch = PrecisionWatch(wrapper=self.wrapper, world_size=world_size, units=units)  # type: ignore[arg-type]
+        self._watch = PrecisionWatch(
+            wrapper=self.wrapper,  # type: ignore[arg-type]
+            world_size=world_size,
+            units=units,
+            reduce_rule=compat_fsdp.reduce_dtype_rule(),
+        )
         self._announced_in = current_run()
         self._emit(self._watch)
         self._optimizers: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, list[Any]]]] = (

@@ -15,13 +15,15 @@ from interactive_shard.precision import _probe_common as common
 from interactive_shard.precision._policy import policy_of
 from interactive_shard.precision._probe_common import Recorder, floating
 from interactive_shard.precision.events import Unit
-from interactive_shard.probing import fsdp_param_groups, guarded, in_backward
+from interactive_shard.probing import guarded, in_backward
+from interactive_shard.probing.compat import fsdp as compat_fsdp
+from interactive_shard.probing.compat.fsdp import param_groups as fsdp_param_groups
 
 log = logging.getLogger(__name__)
 
-# FSDP2 casts inputs in FSDPState._cast_forward_inputs in torch 2.13; earlier it did so
-# inline in _pre_forward, and the probe compares hooks before and after it instead.
-WRAP_CAST = True
+# Whether the probe wraps FSDPState._cast_forward_inputs (compat.fsdp.CAST_METHOD); a
+# test turns it off to take the path of releases without it (hooks around the cast).
+WRAP_CAST = compat_fsdp.CAST_METHOD
 
 try:  # the comm objects FSDPParamGroup calls (torch >= 2.8)
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
@@ -119,7 +121,7 @@ class Fsdp2Recorder(Recorder):
         undo.append(handle.remove)
         hsdp = False
         for fqn, state, modules in self._states:
-            by_hooks = not (WRAP_CAST and hasattr(type(state), "_cast_forward_inputs"))
+            by_hooks = not WRAP_CAST
             if not by_hooks:
                 self._wrap_cast(fqn, state)
             for m in modules:

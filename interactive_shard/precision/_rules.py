@@ -102,11 +102,14 @@ def static_dtypes(
     root: bool,
     orig: str | None,
     trainable: bool,
+    reduce_rule: str = "compute",
 ) -> dict[str, str]:
     """Each phase's dtype from the policy and the original parameter dtype alone.
 
     ``orig``: the dtype of the unit's own floating parameters (None: it has none);
-    ``trainable``: some of them require grad. ``input`` is present only when the unit
+    ``trainable``: some of them require grad; ``reduce_rule``: what FSDP2 reduces in
+    without a ``reduce_dtype``, ``"compute"`` (torch up to 2.14) or ``"original"`` (2.15
+    on, ``compat.fsdp.reduce_dtype_rule``). ``input`` is present only when the unit
     casts (what arrives otherwise is known only from a run); ``output`` only for an
     FSDP2 ``output_dtype``.
     """
@@ -122,6 +125,8 @@ def static_dtypes(
         if trainable:
             out["grad"] = compute
             reduce = policy.reduce_dtype if policy.kind != "none" else None
+            if reduce is None and family == "fsdp2" and reduce_rule == "original":
+                reduce = orig
             out["reduce"] = reduce or compute
         out["sharded_param"] = orig
         if trainable:

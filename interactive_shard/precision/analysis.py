@@ -190,13 +190,20 @@ def unit_findings(
     wrapper: str,
     observed: Mapping[str, str],
     inputs: Sequence[PrecisionSeen],
+    reduce_rule: str = "compute",
 ) -> list[Draft]:
     """A policy the unit does not follow (low precision asked, full seen, or the
-    reverse), inputs cast twice, inputs that reach it uncast in another dtype."""
+    reverse), inputs cast twice, inputs that reach it uncast in another dtype.
+    ``reduce_rule``: ``PrecisionWatch.reduce_rule`` (FSDP2 on torch 2.15 reduces in the
+    original dtype when no ``reduce_dtype`` is set)."""
     out: list[Draft] = []
     name = unit_name(unit.fqn)
     policy = unit.policy
-    asked = {"param": policy.param_dtype, "reduce": policy.reduce_dtype or policy.param_dtype}
+    unset = original_dtype(unit) if wrapper == "fsdp2" and reduce_rule == "original" else None
+    asked = {
+        "param": policy.param_dtype,
+        "reduce": policy.reduce_dtype or unset or policy.param_dtype,
+    }
     words = {"param": "computes", "reduce": "reduces its gradients"}
     for phase in ("param", "reduce"):
         want, seen = asked[phase], observed.get(phase)

@@ -81,6 +81,13 @@ class PrecisionWatch(msgspec.Struct, kw_only=True, frozen=True):
     wrapper: Annotated[Wrapper, Meta(description="FSDP2 (`fully_shard`), FSDP1 or DDP")]
     world_size: Annotated[int, Meta(ge=1, description="ranks the parameters are sharded over")]
     units: Annotated[list[Unit], Meta(description="root first, then in module order")]
+    reduce_rule: Annotated[
+        Literal["compute", "original"],
+        Meta(
+            description="FSDP2 with no reduce_dtype reduces in the compute dtype (torch up "
+            "to 2.14) or in the parameters' original dtype (2.15 on)"
+        ),
+    ] = "compute"
 
 
 class PrecisionSeen(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):

@@ -213,6 +213,12 @@ class PrecisionModel(ShowsView):
         w = self.watch(rank)
         return w.wrapper if w is not None else "fsdp2"
 
+    def reduce_rule(self, rank: int = 0) -> str:
+        """What FSDP2 reduces in without a ``reduce_dtype`` on the rank's torch
+        (``PrecisionWatch.reduce_rule``)."""
+        w = self.watch(rank)
+        return w.reduce_rule if w is not None else "compute"
+
     @property
     def world_size(self) -> int:
         watches = [r.watch for r in self._ranks.values() if r.watch is not None]
@@ -393,14 +399,14 @@ class PrecisionModel(ShowsView):
         )
 
     def _drafts(self, rank: int, iteration: int) -> list[Draft]:
-        here, wrapper = self._rank(rank), self.wrapper(rank)
+        here, wrapper, rule = self._rank(rank), self.wrapper(rank), self.reduce_rule(rank)
         out: list[Draft] = []
         for u in self.units(rank):
             observed = self.observed(u.fqn, rank=rank, iteration=iteration)
             inputs = [
                 s for s in self.seen(u.fqn, rank=rank, iteration=iteration) if s.phase == "input"
             ]
-            out += analysis.unit_findings(u, wrapper, observed, inputs[:1])
+            out += analysis.unit_findings(u, wrapper, observed, inputs[:1], reduce_rule=rule)
         outputs = self._read(rank, iteration).outputs
         for f in here.failures:
             if f.iteration == iteration:

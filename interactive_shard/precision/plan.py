@@ -31,7 +31,8 @@ param                   compute               compute                     comput
 output                  od or what forward    what forward gives (no      what forward
                         gives                 output cast)                gives
 grad                    compute               compute                     compute
-reduce                  rd or compute         rd or compute               rd or compute
+reduce                  rd or compute; from   rd or compute               rd or compute
+                        torch 2.15 rd or orig
 sharded_param           orig                  orig                        orig
 sharded_grad            orig                  orig; compute with keep_    orig
                                               low_precision_grads
@@ -128,6 +129,7 @@ from interactive_shard.precision import _policy, _rules
 from interactive_shard.precision._rules import Family
 from interactive_shard.precision._simulate import RawFailure, SimResult, Simulator, UnitSpec
 from interactive_shard.precision.events import PHASES, Policy, Unit
+from interactive_shard.probing.compat import fsdp as compat_fsdp
 
 __all__ = [
     "MAX_SIMULATIONS",
@@ -401,6 +403,7 @@ def _units(base: _Units, result: SimResult | None) -> list[PrecisionUnit]:
             root=spec.root,
             orig=spec.orig,
             trainable=any(t for n, _, _, t in owned if n in spec.params),
+            reduce_rule=compat_fsdp.reduce_dtype_rule(),
         )
         inputs: list[str] = []
         cast: list[bool] = []

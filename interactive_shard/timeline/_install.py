@@ -16,9 +16,11 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from interactive_shard.buckets import _spy
-from interactive_shard.probing import fsdp_param_groups, guarded, in_backward
-from interactive_shard.timeline import _collectives, _graph
+from interactive_shard.probing import collectives as _collectives
+from interactive_shard.probing import guarded, in_backward
+from interactive_shard.probing import spy as _spy
+from interactive_shard.probing.compat.fsdp import param_groups as fsdp_param_groups
+from interactive_shard.timeline import _graph
 from interactive_shard.timeline._recorder import Recorder, clock
 
 try:
@@ -301,6 +303,8 @@ def _ddp_hooks(rec: Recorder, ddp: DDP) -> None:
             continue
 
         def ready(param: Any, name: str = name) -> None:
+            if param.grad is None:  # Note [Undefined gradients] in probing/__init__.py
+                return
             t = clock()
             rec.add("hook", f"grad_ready:{name}", t, t, {"param": name})
 

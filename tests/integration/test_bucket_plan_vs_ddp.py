@@ -474,7 +474,7 @@ def test_the_spy_forwards_every_collective_of_the_reducer_from_python(
     the broadcast of the rebuilt bucket indices."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from interactive_shard.buckets import _spy
+    from interactive_shard.probing import spy as _spy
 
     called: list[str] = []
     for name in ("allreduce", "broadcast"):

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 import torch
 import torch.distributed as dist
+from support import accelerator_shim
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -30,8 +31,20 @@ from interactive_shard.precision.events import (
     PrecisionSeen,
     PrecisionWatch,
 )
+from interactive_shard.probing.compat import device as compat_device
+from interactive_shard.probing.compat import fsdp as compat_fsdp
 
 BF16, FP16, FP32 = "torch.bfloat16", "torch.float16", "torch.float32"
+
+
+def _rs(low: str, nbytes: int) -> tuple[str, int]:
+    """FSDP2's reduce-scatter of fp32 parameters computed in ``low`` with no reduce_dtype:
+    in ``low`` up to torch 2.14, in fp32 (twice the bytes) from 2.15 (compat.fsdp)."""
+    if compat_fsdp.reduce_dtype_rule() == "original":
+        return FP32, 2 * nbytes
+    return low, nbytes
+
+
 bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
 MP = MixedPrecisionPolicy
 DTYPE_ERROR = "mat1 and mat2 must have the same dtype"
@@ -191,9 +204,9 @@ def test_fsdp2_uniform_bf16(cluster: ish.Cluster) -> None:
                     ("2", "all_gather", BF16, 272, False),
                     ("1", "all_gather", BF16, 272, True),  # resharded after forward
                     ("2", "all_gather", BF16, 272, True),
-                    ("", "reduce_scatter", BF16, 424, True),
-                    ("1", "reduce_scatter", BF16, 544, True),
-                    ("2", "reduce_scatter", BF16, 544, True),
+                    ("", "reduce_scatter", *_rs(BF16, 424), True),
+                    ("1", "reduce_scatter", *_rs(BF16, 544), True),
+                    ("2", "reduce_scatter", *_rs(BF16, 544), True),
                 ]
             )
         assert _decoded(run, rank, PrecisionFailure) == []
@@ -208,11 +221,11 @@ def test_fsdp2_uniform_bf16(cluster: ish.Cluster) -> None:
 def _by_hooks(ctx: Any, policies: Any) -> dict[str, Any]:
     from interactive_shard.precision import _probe_fsdp2
 
-    _probe_fsdp2.WRAP_CAST = False  # as on a torch without FSDPState._cast_forward_inputs
+    saved, _probe_fsdp2.WRAP_CAST = _probe_fsdp2.WRAP_CAST, False  # as before torch 2.13
     try:
         return _fsdp2_run(ctx, policies)
     finally:
-        _probe_fsdp2.WRAP_CAST = True
+        _probe_fsdp2.WRAP_CAST = saved
 
 
 def test_fsdp2_input_casts_seen_from_hooks_where_torch_casts_inline(cluster: ish.Cluster) -> None:
@@ -246,8 +259,8 @@ def test_fsdp2_inner_bf16_and_fp16_under_fp32_root_with_output_dtype(cluster: is
     reductions = {c[0]: c[1:4] for c in _collectives(run, 1) if c[1] == "reduce_scatter"}
     assert reductions == {
         "": ("reduce_scatter", FP32, 848),
-        "1": ("reduce_scatter", BF16, 544),
-        "2": ("reduce_scatter", FP16, 544),
+        "1": ("reduce_scatter", *_rs(BF16, 544)),
+        "2": ("reduce_scatter", *_rs(FP16, 544)),
     }
 
 
@@ -436,8 +449,8 @@ def test_fsdp1_nested_wrappers_cast_their_own_inputs(cluster: ish.Cluster) -> No
         collectives = _collectives(run, rank, 2)
         assert {c[0]: c[2:4] for c in collectives if c[1] == "reduce_scatter"} == {
             "": (FP32, 4 * 144),
-            "1": (BF16, 2 * 272),
-            "2": (FP16, 2 * 272),
+            "1": _rs(BF16, 2 * 272),
+            "2": _rs(FP16, 2 * 272),
             "3": (FP32, 4 * 68),
         }
         gathers = {(c[0], c[4]): c[2:4] for c in collectives if c[1] == "all_gather"}
@@ -482,7 +495,11 @@ def _ddp_model() -> nn.Module:
 
 
 def _ddp_on_cpu(ctx: Any) -> dict[str, Any]:
-    ddp = DDP(_ddp_model(), mixed_precision=_MixedPrecision(param_dtype=bf16, reduce_dtype=fp32))
+    mp = _MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)
+    try:  # a CUDA build of torch without a GPU refuses already here (torch.Stream())
+        ddp = DDP(_ddp_model(), mixed_precision=mp)
+    except RuntimeError as exc:
+        return {"error": str(exc), "at": "construction"}
     watch = ish.watch(ddp)  # the bucket probe leaves DDP native mixed precision alone
     try:
         ddp(torch.randn(4, 8))
@@ -490,14 +507,22 @@ def _ddp_on_cpu(ctx: Any) -> dict[str, Any]:
     except RuntimeError as exc:
         error = str(exc)
     plain = ish.watch(DDP(_ddp_model()))
-    return {"error": error, "probes": sorted(watch.probes), "plain": sorted(plain.probes)}
+    probes = sorted(watch.probes), sorted(plain.probes)
+    return {"error": error, "at": "forward", "probes": probes}
 
 
+@pytest.mark.skipif(
+    compat_device.accelerator_available(), reason="DDP mixed precision runs with a GPU"
+)
 def test_ddp_native_mixed_precision_fails_on_cpu_and_is_reported(cluster: ish.Cluster) -> None:
     run = cluster.run(_ddp_on_cpu)
     for rank, result in enumerate(run.results):
+        assert result["at"] == compat_device.ddp_mixed_precision_fails_at()
+        if result["at"] == "construction":  # nothing to watch: DDP never existed
+            assert run.store.of_kind(PrecisionWatch.KIND) == []
+            continue
         assert "cpu backend doesn't support events" in result["error"]
-        assert (result["probes"], result["plain"]) == (["ddp", "precision"], ["buckets", "ddp"])
+        assert result["probes"] == (["ddp", "precision"], ["buckets", "ddp"])
         (watch,) = _decoded(run, rank, PrecisionWatch)
         assert watch.wrapper == "ddp" and watch.units[0].policy.kind == "_MixedPrecision"
         assert watch.units[0].policy.reduce_dtype == FP32
@@ -506,36 +531,11 @@ def test_ddp_native_mixed_precision_fails_on_cpu_and_is_reported(cluster: ish.Cl
         assert "doesn't support events" in failure.message
 
 
-class _NoEvent:
-    """SHIM (test only): a no-op ``torch.Event``, so DDP mixed precision runs on CPU."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def record(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def wait(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
-class _NoStream:
-    def wait_stream(self, stream: Any) -> None:
-        pass
-
-    def wait_event(self, event: Any) -> None:
-        pass
-
-
 def _ddp_shimmed(ctx: Any, watch: bool) -> list[torch.Tensor]:
-    # SHIM: CPU has no events or streams; with no-op ones DDP's mixed precision takes
-    # the path it takes on a GPU (its dtypes, not its numbers: the gradients of the first
-    # backward are uninitialized memory on CPU). Restored before returning: the rank lives
-    # on. No step after the first backward, so the second one's gradients are comparable.
-    saved = torch.Event, torch.accelerator.current_stream
-    torch.Event = _NoEvent  # type: ignore[misc, assignment]
-    torch.accelerator.current_stream = lambda *a, **k: _NoStream()  # type: ignore[assignment]
-    try:
+    # SHIM (accelerator_shim): no-op events and streams. The gradients of the first
+    # backward are uninitialized memory on CPU; no step after it, so the second one's
+    # gradients are comparable.
+    with accelerator_shim():
         mp = _MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)
         ddp = DDP(_ddp_model(), mixed_precision=mp)
         if watch:
@@ -548,8 +548,6 @@ def _ddp_shimmed(ctx: Any, watch: bool) -> list[torch.Tensor]:
         grads = [p.grad.clone() for p in ddp.parameters()]
         opt.step()
         return grads
-    finally:
-        torch.Event, torch.accelerator.current_stream = saved  # type: ignore[misc]
 
 
 def test_ddp_native_mixed_precision_with_gpu_semantics_cpu_shim(cluster: ish.Cluster) -> None:
@@ -595,10 +593,7 @@ def _detach_all(ctx: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     fsdp2 = _fsdp2((MP(param_dtype=bf16),) * 3)
     fsdp1 = _fsdp1(*(MixedPrecision(param_dtype=bf16),) * 3)
-    saved = torch.Event, torch.accelerator.current_stream
-    torch.Event = _NoEvent  # type: ignore[misc, assignment]  # SHIM, as above
-    torch.accelerator.current_stream = lambda *a, **k: _NoStream()  # type: ignore[assignment]
-    try:
+    with accelerator_shim():  # SHIM, as above
         ddp = DDP(_ddp_model(), mixed_precision=_MixedPrecision(param_dtype=bf16))
         reducer = ddp.reducer
         for name, model in (("fsdp2", fsdp2), ("fsdp1", fsdp1), ("ddp", ddp)):
@@ -615,7 +610,7 @@ def _detach_all(ctx: Any) -> dict[str, Any]:
                 "silent": probe.emitted == count and probe.iteration == 0,
             }
         state = fsdp2._get_fsdp_state()
-        group = fsdp2[1]._get_fsdp_state()._fsdp_param_group
+        (group,) = compat_fsdp.param_groups(fsdp2[1]._get_fsdp_state())
         out["fsdp2_state"] = (
             "_cast_forward_inputs" not in state.__dict__
             and type(group._all_gather_comm).__name__ == "DefaultAllGather"
@@ -630,8 +625,6 @@ def _detach_all(ctx: Any) -> dict[str, Any]:
         out["reducer"] = ddp.reducer is reducer
         mine = (fsdp2, fsdp1, ddp)
         out["stepping"] = [r for r in _probe_common._STEPPING if any(r.root is m for m in mine)]
-    finally:
-        torch.Event, torch.accelerator.current_stream = saved  # type: ignore[misc]
     return out
 
 

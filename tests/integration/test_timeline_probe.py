@@ -194,7 +194,7 @@ def test_training_is_bit_identical_with_the_timeline_probe(cluster: ish.Cluster)
 
 
 def _detach(ctx: Any) -> dict[str, Any]:
-    from interactive_shard.timeline import _collectives
+    from interactive_shard.probing import collectives as _collectives
 
     gc.collect()  # models earlier tests left watched stop listening when collected
     model = FlatViewBlocks(blocks=2, width=32)

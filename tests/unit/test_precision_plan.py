@@ -30,6 +30,7 @@ from interactive_shard.precision._policy import (
 )
 from interactive_shard.precision.events import PHASES, Policy
 from interactive_shard.precision.plan import Boundary, PrecisionPlan, plan_precision
+from interactive_shard.probing.compat import fsdp as compat_fsdp
 
 bf, fp16, f32 = torch.bfloat16, torch.float16, torch.float32
 BF, HALF, FLOAT = "torch.bfloat16", "torch.float16", "torch.float32"
@@ -238,6 +239,42 @@ def test_static_rules(family: Any, obj: Any, root: bool, expected: dict[str, str
     got = _static(family, obj, root=root)
     assert got == expected
     assert list(got) == [p for p in PHASES if p in got]
+
+
+@pytest.mark.parametrize("family", ["fsdp2", "fsdp1", "ddp"])
+def test_reduce_rule_of_torch_2_15(family: Any) -> None:
+    """torch 2.15's FSDP2 reduces in the parameters' original dtype when the policy sets
+    no reduce_dtype; FSDP1 and DDP still reduce in the compute dtype."""
+    obj = {"fsdp2": P2, "fsdp1": P1, "ddp": PD}[family](param_dtype=bf)
+    rules = {
+        rule: _rules.static_dtypes(
+            family, policy_of(obj), root=True, orig=FLOAT, trainable=True, reduce_rule=rule
+        )
+        for rule in ("compute", "original")
+    }
+    assert rules["compute"]["reduce"] == BF
+    assert rules["original"]["reduce"] == (FLOAT if family == "fsdp2" else BF)
+    assert {k: v for k, v in rules["original"].items() if k != "reduce"} == {
+        k: v for k, v in rules["compute"].items() if k != "reduce"
+    }
+    explicit = P2(param_dtype=bf, reduce_dtype=fp16) if family == "fsdp2" else None
+    if explicit is not None:  # a reduce_dtype set wins under either rule
+        got = _rules.static_dtypes(
+            family,
+            policy_of(explicit),
+            root=True,
+            orig=FLOAT,
+            trainable=True,
+            reduce_rule="original",
+        )
+        assert got["reduce"] == HALF
+
+
+def test_the_plan_follows_the_running_torchs_reduce_rule() -> None:
+    model = nn.Sequential(nn.Linear(4, 4))
+    plan = ish.plan_precision(model, {"": P2(param_dtype=bf)})
+    expected = FLOAT if compat_fsdp.reduce_dtype_rule() == "original" else BF
+    assert plan.unit("").dtypes["reduce"] == expected
 
 
 def test_fsdp1_unit_without_parameters_never_casts() -> None:

@@ -9,10 +9,10 @@ issues collectives two ways:
   timeline probe is attached those module attributes are wrappers (callers look them up
   at call time as ``dist.<name>``);
 * from C++: DDP's Reducer all-reduces its buckets on its process group directly; the
-  bucket probe's process-group spy (``buckets._spy``) reports each launch.
+  bucket probe's process-group spy (``probing.spy``) reports each launch.
 
 The end of an asynchronous collective is noted by a callback on its future, which runs
-on the backend's thread once it has the GIL (see ``buckets._spy``); ``settle`` lets
+on the backend's thread once it has the GIL (see ``probing.spy``); ``settle`` lets
 finished ones run before their spans are sent.
 """
 

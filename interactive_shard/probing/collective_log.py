@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from interactive_shard.timeline import _collectives
+from interactive_shard.probing import collectives as _collectives
+from interactive_shard.probing.compat import ddp as compat_ddp
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ class Instance:
     ref: weakref.ReferenceType[Any]
     params: frozenset[int] = frozenset()  # id() of the Reducer's parameters
     removed: bool = False  # _remove_autograd_hooks() was called
+    born: bool = False  # constructed while this recorder ran: ``forwards`` is exact
+    forwards: int = 0  # reducing forwards (DDP's own iteration count), when born
 
     @property
     def hooked(self) -> bool:
@@ -91,7 +95,7 @@ class Recorder:
                     inst = Instance(next(self._serials), weakref.ref(ddp))
                     self.instances[ddp] = inst
         if not inst.params and "reducer" in ddp.__dict__:
-            inst.params = frozenset(id(p) for p in ddp._module_parameters if p.requires_grad)
+            inst.params = frozenset(id(p) for p in compat_ddp.params(ddp) if p.requires_grad)
         return inst
 
     def hooked_on(self) -> dict[int, list[int]]:
@@ -139,14 +143,22 @@ class Recorder:
     # -- patches ---------------------------------------------------------------------------
     def install(self) -> None:
         self._undo.append(_collectives.listen(self.on_collective))
-        init, remove = DDP.__init__, DDP._remove_autograd_hooks
+        init, remove, pre = DDP.__init__, DDP._remove_autograd_hooks, DDP._pre_forward
         recorder = self
 
         def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:
-            recorder.instance(ddp)  # a serial before its first collective
+            recorder.instance(ddp).born = True  # a serial before its first collective
             init(ddp, *args, **kwargs)
             recorder.instance(ddp)  # its parameters, now that the Reducer exists
             recorder.generation += 1
+
+        def _pre_forward(ddp: Any, *inputs: Any, **kwargs: Any) -> Any:
+            # DDP counts an iteration (Reducer::prepare_for_forward) exactly then.
+            if torch.is_grad_enabled() and ddp.require_backward_grad_sync:
+                inst = recorder.instances.get(ddp)
+                if inst is not None:
+                    inst.forwards += 1
+            return pre(ddp, *inputs, **kwargs)
 
         def _remove_autograd_hooks(ddp: Any) -> None:
             remove(ddp)
@@ -155,12 +167,15 @@ class Recorder:
 
         __init__.__wrapped__ = init  # type: ignore[attr-defined]
         _remove_autograd_hooks.__wrapped__ = remove  # type: ignore[attr-defined]
+        _pre_forward.__wrapped__ = pre  # type: ignore[attr-defined]
         DDP.__init__ = __init__  # type: ignore[method-assign, assignment]
         DDP._remove_autograd_hooks = _remove_autograd_hooks  # type: ignore[method-assign]
+        DDP._pre_forward = _pre_forward  # type: ignore[method-assign, assignment]
 
         def restore() -> None:
             DDP.__init__ = init  # type: ignore[method-assign]
             DDP._remove_autograd_hooks = remove  # type: ignore[method-assign]
+            DDP._pre_forward = pre  # type: ignore[method-assign]
 
         self._undo.append(restore)
 
@@ -188,3 +203,13 @@ def start(since: str = "process_group") -> Recorder:
 
 def recorder() -> Recorder | None:
     return _recorder
+
+
+def iterations_done(ddp: Any) -> int | None:
+    """Reducing iterations ``ddp`` ran before now (None: unknown): counted from its
+    construction where this process's recorder saw it built (a cluster's rank), else
+    read from DDP's logger (``compat.ddp.iterations_done``: exact up to ten)."""
+    inst = _recorder.instances.get(ddp) if _recorder is not None else None
+    if inst is not None and inst.born:
+        return inst.forwards
+    return compat_ddp.iterations_done(ddp)

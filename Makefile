@@ -71,5 +71,11 @@ bench: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks
 
+# The wheels benchmarks/gpu_check.py needs on the lent GPU machine (no registry there),
+# into .whl/; prints their size and the command to run there with .whl carried.
+.PHONY: gpu-wheels
+gpu-wheels: $(STAMP)
+	$(PY) tools/gpu_wheels.py
+
 clean:
 	rm -rf $(VENV) out .pytest_cache dist build site

@@ -24,6 +24,7 @@ from interactive_shard.cluster import (
     listen,
     load,
 )
+from interactive_shard.example_inputs import Inputs
 from interactive_shard.precision.plan import plan_precision
 from interactive_shard.splits.plan import plan_splits
 from interactive_shard.telemetry import RecordingError, RecordingWarning
@@ -32,6 +33,7 @@ from interactive_shard.watching import watch
 __all__ = [
     "Cluster",
     "ClusterClosedError",
+    "Inputs",
     "Listener",
     "RankContext",
     "RankError",

@@ -24,6 +24,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_flatten
 
+from interactive_shard.example_inputs import split
+
 
 class ReadyOrderSource(Enum):
     """Where the gradient-ready order used for the rebuild came from."""
@@ -217,9 +219,17 @@ def ddp_keys(model: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def observe_ready_order(
-    model: nn.Module, example_inputs: tuple[Any, ...], ignore: Collection[str] = ()
+    model: nn.Module,
+    example_inputs: Any,
+    ignore: Collection[str] = (),
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
 ) -> list[str]:
     """Run forward + backward once on a deep copy; return fqns in gradient-ready order.
+
+    ``example_inputs`` as ``example_inputs.split`` reads it; the backward starts from
+    ``loss_fn(outputs)``, else from the sum of every output tensor that requires grad
+    (then an output the real loss ignores, e.g. BERT's ``pooler_output``, counts as
+    used).
 
     A parameter is placed where its *last* gradient hook fired (one used in several
     reentrant backwards fires several times; with ``static_graph`` DDP counts it ready at
@@ -244,15 +254,9 @@ def observe_ready_order(
     cuda = sorted({p.device.index or 0 for p in params.values() if p.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=cuda), torch.enable_grad():
-            out = replica(*example_inputs)
-            leaves, _ = tree_flatten(out)
-            parts = [t.sum() for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-            if not parts:
-                raise ValueError(
-                    "example_inputs: the model's output holds no tensor that requires grad, "
-                    "so no gradient would become ready; check the inputs or pass ready_order"
-                )
-            loss = functools.reduce(operator.add, parts)
+            args, kwargs = split(example_inputs)
+            out = replica(*args, **kwargs)
+            loss = _loss(out, loss_fn)
             loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
     finally:
         for handle in handles:
@@ -260,14 +264,37 @@ def observe_ready_order(
     return [fqn for fqn, _ in sorted(last.items(), key=operator.itemgetter(1))]
 
 
+def _loss(out: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> torch.Tensor:
+    if loss_fn is not None:
+        loss = loss_fn(out)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            got = type(loss).__qualname__
+            if isinstance(loss, torch.Tensor):
+                got = f"a tensor of shape {tuple(loss.shape)}, requires_grad={loss.requires_grad}"
+            raise ValueError(
+                f"loss_fn must return a scalar tensor that requires grad; it returned {got}"
+            )
+        return loss
+    leaves, _ = tree_flatten(out)
+    parts = [t.sum() for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not parts:
+        raise ValueError(
+            "example_inputs: the model's output holds no tensor that requires grad, "
+            "so no gradient would become ready; check the inputs or pass ready_order"
+        )
+    total: torch.Tensor = functools.reduce(operator.add, parts)
+    return total
+
+
 def resolve_ready_order(
     source: object,
     fqns: list[str],
     ready_order: list[str] | None,
-    example_inputs: tuple[Any, ...] | None,
+    example_inputs: Any,
     rebuilds: bool,
     static_graph: bool,
     ignore: Collection[str] = (),
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
 ) -> tuple[list[str], ReadyOrderSource, list[str]]:
     """The rebuild's ready order; ``ignore``: DDP keys of the delayed parameters, which
     may be in a given ``ready_order`` (they are dropped: DDP does not record them)."""
@@ -295,15 +322,12 @@ def resolve_ready_order(
             )
         return given, ReadyOrderSource.GIVEN, []
     if example_inputs is None:
+        if loss_fn is not None:
+            raise ValueError("loss_fn is used with example_inputs: pass both, or neither")
         return fqns[::-1], ReadyOrderSource.ASSUMED, []
     if not isinstance(source, nn.Module):
         raise TypeError("example_inputs needs an nn.Module to run, not a list of parameters")
-    if not isinstance(example_inputs, tuple):
-        raise TypeError(
-            "example_inputs must be a tuple of positional inputs, e.g. (x,); "
-            f"got {type(example_inputs)!r}"
-        )
-    seen = observe_ready_order(source, example_inputs, ignore)
+    seen = observe_ready_order(source, example_inputs, ignore, loss_fn)
     fired = set(seen)
     unused = [f for f in fqns if f not in fired]
     if unused and rebuilds and not static_graph:

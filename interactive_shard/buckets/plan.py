@@ -84,7 +84,7 @@ import functools
 import gc
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -260,7 +260,8 @@ def plan_buckets(
     find_unused_parameters: bool = False,
     static_graph: bool = False,
     ready_order: list[str] | None = None,
-    example_inputs: tuple[Any, ...] | None = None,
+    example_inputs: Any = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
     delay_all_reduce_named_params: list[str] | list[tuple[str, Any]] | None = None,
     param_to_hook_all_reduce: str | torch.Tensor | None = None,
 ) -> BucketPlan:
@@ -268,7 +269,11 @@ def plan_buckets(
 
     Takes DDP's own bucket arguments. The rebuild follows ``ready_order`` (fqns, first
     gradient ready first), or the order seen in one local backward on a copy of the
-    model with ``example_inputs``, or else reverse registration order. Meta tensors
+    model with ``example_inputs`` (a tensor, a tuple of positional inputs or a dict of
+    keyword inputs, as every planner takes them: ``example_inputs.py``), or else reverse
+    registration order. That backward starts from ``loss_fn(outputs)`` (outputs -> a
+    scalar, as your training loss), else from the sum of every output: give ``loss_fn``
+    when the loss ignores an output (BERT's pooler), so its parameters count as unused. Meta tensors
     and ``ParamSpec`` plan without memory. ``delay_all_reduce_named_params`` (fqns or
     DDP's ``(name, param)`` pairs) leave every bucket and are listed in
     ``BucketPlan.delayed``; ``param_to_hook_all_reduce`` (optional here) only names the
@@ -302,6 +307,7 @@ def plan_buckets(
         rebuilds,
         static_graph,
         ignore,
+        loss_fn,
     )
     first_limits = caps.first_iteration_limits(
         find_unused=find_unused_parameters, static_graph=static_graph

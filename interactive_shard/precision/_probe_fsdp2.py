@@ -175,7 +175,12 @@ class Fsdp2Recorder(Recorder):
         if not in_backward():
             self.inputs(fqn, floating((args, kwargs)), floating((new_args, new_kwargs)))
 
+    # The module hooks below are dynamo-disabled: under ``block.compile()`` torch 2.11 and
+    # 2.12 trace them (2.13 reaches the cast through _cast_forward_inputs) and fail to
+    # build the records (``object.__new__(PrecisionSeen) is not safe``), which switched
+    # the hooks off and cost the compiled block its span in the timeline.
     def _before_cast(self, fqn: str) -> Callable[..., None]:
+        @torch.compiler.disable
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
             if not in_backward() and self.attached:
                 self._input_before[fqn] = floating((args, kwargs))
@@ -183,6 +188,7 @@ class Fsdp2Recorder(Recorder):
         return hook
 
     def _after_pre_forward(self, fqn: str, state: Any) -> Callable[..., None]:
+        @torch.compiler.disable
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
             if in_backward():
                 return
@@ -201,6 +207,7 @@ class Fsdp2Recorder(Recorder):
         return hook
 
     def _before_output(self, fqn: str) -> Callable[..., None]:
+        @torch.compiler.disable
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if not in_backward() and self.attached:
                 self._output_before[fqn] = [str(t.dtype) for t in floating(output)]
@@ -208,6 +215,7 @@ class Fsdp2Recorder(Recorder):
         return hook
 
     def _after_output(self, fqn: str, is_root: bool) -> Callable[..., None]:
+        @torch.compiler.disable
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if is_root and output is None:
                 self.after_root_forward(module, output)

@@ -33,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
+from interactive_shard.example_inputs import split
 from interactive_shard.precision._rules import (
     Family,
     buffer_cast,
@@ -599,11 +600,7 @@ class Simulator:
             x = copy.deepcopy(x, memo)
         except Exception:  # an uncopyable object: use the caller's
             pass
-        if isinstance(x, tuple):
-            return x, {}
-        if isinstance(x, dict):
-            return (), dict(x)
-        return (x,), {}
+        return split(x)
 
     def _restore(self) -> None:
         for name, p in self.params.items():

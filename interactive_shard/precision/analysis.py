@@ -8,9 +8,11 @@ caches the results. No torch, no widgets.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from interactive_shard.precision.compare import (
     dtypes_of,
@@ -334,6 +336,36 @@ def failure_finding(
         f"{where}: {failure.message}",
         fix,
         consumer=failure.consumer,
+    )
+
+
+def with_planned_fix(draft: Draft, failure: PrecisionFailure, plan: Any) -> Draft:
+    """``draft`` with the fix the plan found for this failure (same unit and consumer):
+    the policies ``plan_precision`` checked by planning again, in words. Without a plan
+    (or one that did not predict it) the fix read off the error, and how to get one."""
+    planned = None
+    if plan is not None:
+        planned = next(
+            (
+                f
+                for f in getattr(plan, "failures", [])
+                if (f.unit, f.consumer) == (failure.unit, failure.consumer)
+            ),
+            None,
+        )
+    if planned is None:
+        how = (
+            " For policies checked to run: run.precision.plan = ish.plan_precision(model, "
+            "policies, example_inputs=...)."
+        )
+        return dataclasses.replace(draft, fix=draft.fix + how)
+    note = getattr(planned, "fix_note", "")
+    if not note:
+        return dataclasses.replace(
+            draft, fix=draft.fix + " (the plan predicted this failure but found no fix)"
+        )
+    return dataclasses.replace(
+        draft, fix=f"{note} (planned: ish.plan_precision(...).failures[0].fix has the policies)"
     )
 
 

@@ -82,7 +82,9 @@ class PrecisionModel(ShowsView):
     >>> p.cast_inputs("layers.0"), p.compare(ish.plan_precision(model, policies)).matches
     >>> p.findings
 
-    ``plan``: a ``PrecisionPlan`` the report compares with (``run.precision.plan = ...``).
+    ``plan``: a ``PrecisionPlan`` (``run.precision.plan = ish.plan_precision(...)``): the
+    report compares with it, and an observed failure the plan predicted takes the plan's
+    fix (the policies it checked, ``Failure.fix``) instead of one read off the error.
 
     The batches of records are decoded when an iteration they hold is first read (Note
     [Lazy precision batches] in ``_batches.py``): an update costs a pass over the new
@@ -385,15 +387,16 @@ class PrecisionModel(ShowsView):
         failed = tuple(
             (f.unit, f.consumer, f.message) for f in here.failures if f.iteration == iteration
         )
-        version: Hashable = (here.batches.version(iteration), failed, len(here.unknown))
+        planned = id(self.plan) if failed else None  # a plan gives failures their fix
+        version: Hashable = (here.batches.version(iteration), failed, len(here.unknown), planned)
         if self._findings.current((rank, iteration), version):
             return
         raw = here.batches.raw_key(iteration)
-        content: Hashable = (raw, failed, tuple(here.unknown), id(here.watch))
+        content: Hashable = (raw, failed, tuple(here.unknown), id(here.watch), planned)
         if raw is None or not self._findings.known(rank, content):
             self._read(rank, iteration)  # may name units the watch did not
-            content = (raw, failed, tuple(here.unknown), id(here.watch))
-            version = (here.batches.version(iteration), failed, len(here.unknown))
+            content = (raw, failed, tuple(here.unknown), id(here.watch), planned)
+            version = (here.batches.version(iteration), failed, len(here.unknown), planned)
         self._findings.put(
             (rank, iteration), version, content, lambda: self._drafts(rank, iteration)
         )
@@ -412,7 +415,8 @@ class PrecisionModel(ShowsView):
             if f.iteration == iteration:
                 observed = self.observed(f.unit, rank=rank, iteration=iteration)
                 unit = here.units.get(f.unit)
-                out.append(analysis.failure_finding(f, unit, wrapper, observed, outputs))
+                draft = analysis.failure_finding(f, unit, wrapper, observed, outputs)
+                out.append(analysis.with_planned_fix(draft, f, self.plan))
         return out
 
     def _rank(self, rank: int) -> _Rank:

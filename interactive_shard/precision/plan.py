@@ -770,11 +770,11 @@ def plan_precision(
     ``policies`` maps the fqn of every module that will be a unit (``""``: the root) to
     its policy: FSDP2 ``MixedPrecisionPolicy``, FSDP1 ``MixedPrecision`` or, for the
     root alone, DDP's ``_MixedPrecision``; None is the engine's default. With
-    ``example_inputs`` (a tensor or any single argument, a tuple of positional
-    arguments, or a dict of keyword arguments) the model runs once on a copy, in the
-    kernel, to find what each unit receives and produces and which ops fail; the
-    model, its parameters, the inputs and torch's grad-mode and autocast state are
-    left as they were.
+    ``example_inputs`` (as every planner takes them, ``example_inputs.py``: a tensor or
+    any single argument, a tuple of positional arguments, or a dict of keyword
+    arguments) the model runs once on a copy, in the kernel, to find what each unit
+    receives and produces and which ops fail; the model, its parameters, the inputs and
+    torch's grad-mode and autocast state are left as they were.
     """
     model = _unwrap(model)
     base = _resolve(model, policies)

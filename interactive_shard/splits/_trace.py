@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from interactive_shard.example_inputs import split
 from interactive_shard.splits._graph import graph_nodes
 from interactive_shard.splits.events import GraphNode
 
@@ -29,20 +30,9 @@ def _is_ddp(obj: object) -> bool:
     return isinstance(obj, DistributedDataParallel)
 
 
-def _args(example_inputs: Any) -> tuple[Any, ...]:
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,)
-    if isinstance(example_inputs, (tuple, list)):
-        return tuple(example_inputs)
-    raise TypeError(
-        "example_inputs must be a tensor or a tuple of the forward's arguments, got a "
-        f"{type(example_inputs).__qualname__}"
-    )
-
-
 def dynamo_graphs(module: nn.Module, example_inputs: Any) -> list[list[GraphNode]]:
     """Run ``module`` once under dynamo with a backend that keeps each graph it gets."""
-    args = _args(example_inputs)
+    args, kwargs = split(example_inputs)
     graphs: list[list[GraphNode]] = []
 
     def keep(gm: fx.GraphModule, _inputs: list[torch.Tensor]) -> Any:
@@ -51,7 +41,7 @@ def dynamo_graphs(module: nn.Module, example_inputs: Any) -> list[list[GraphNode
 
     code = type(module).forward.__code__
     try:
-        torch.compile(module, backend=keep, dynamic=False)(*args)
+        torch.compile(module, backend=keep, dynamic=False)(*args, **kwargs)
     finally:
         # Drop this trace's cache entries so that planning again, or compiling the model
         # for real in this process, starts fresh rather than meeting recompile limits.

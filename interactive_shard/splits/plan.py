@@ -341,8 +341,9 @@ def plan_splits(
 
     Traces ``model`` (a module, or a DDP / compiled model around one) once with dynamo
     in this process, no process group, and plans each graph as Note [DDPOptimizer
-    splits] says. ``example_inputs``: a tensor or a tuple of the forward's arguments
-    (meta tensors work for a model on the meta device). ``bucket_cap_mb`` is the DDP
+    splits] says. ``example_inputs``: a tensor, a tuple of positional inputs or a dict
+    of keyword inputs, as every planner takes them (``example_inputs.py``; meta tensors
+    work for a model on the meta device). ``bucket_cap_mb`` is the DDP
     model's cap; ``first_bucket_cap_mb`` defaults to DDPOptimizer's 1 MiB.
     """
     from interactive_shard.splits import _trace

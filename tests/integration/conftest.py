@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+import interactive_shard as ish
+
 
 def _children() -> list[psutil.Process]:
     # multiprocessing's resource tracker / forkserver helpers are not ranks.
@@ -35,3 +37,10 @@ def no_orphans() -> Iterator[None]:
         if time.monotonic() > deadline:
             pytest.fail(f"processes left behind: {[(p.pid, p.name()) for p in left]}")
         time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ish.Cluster]:
+    """Two CPU ranks shared by a module's tests (a module may define its own)."""
+    with ish.Cluster(2, timeout=120) as c:
+        yield c

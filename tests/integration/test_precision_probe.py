@@ -280,6 +280,13 @@ def test_fsdp2_fp16_under_bf16_root_fails_at_the_head_and_keeps_what_came_before
     _matches_plan(run, _model(), _units(policies))  # the planner predicted this failure
     (finding,) = [f for f in run.precision.findings if f.kind == "failure"]
     assert (finding.unit, finding.consumer, finding.ranks) == ("", "3", (0, 1))
+    assert "run.precision.plan = ish.plan_precision" in finding.fix  # how to get one checked
+    # Given the plan, the observed failure carries the fix the planner checked.
+    plan = ish.plan_precision(_model(), _units(policies), example_inputs=torch.randn(4, 8))
+    run.precision.plan = plan
+    (finding,) = [f for f in run.precision.findings if f.kind == "failure"]
+    assert plan.failures[0].fix is not None and plan.failures[0].fix_note
+    assert finding.fix.startswith(plan.failures[0].fix_note)
     for rank in range(2):
         (failure,) = _decoded(run, rank, PrecisionFailure)
         # The root-owned head ("3", a bf16 Linear) got unit 2's fp16 output.

@@ -570,7 +570,8 @@ def test_example_inputs_unused_parameter() -> None:
         ({"bucket_cap_mb_list": "25"}, r"bucket_cap_mb_list='25': give a non-empty list"),
         ({"ready_order": ["a.weight"], "example_inputs": (1,)}, r"not both"),
         ({"ready_order": "a.weight"}, r"list of fqn strings"),
-        ({"example_inputs": [torch.randn(2, 16)]}, r"must be a tuple"),
+        ({"example_inputs": {1: torch.randn(2, 16)}}, r"keys must be\s+strings"),
+        ({"loss_fn": lambda out: out.sum()}, r"loss_fn is used with example_inputs"),
     ],
 )
 def test_argument_errors(kwargs: dict, match: str) -> None:

@@ -83,7 +83,10 @@ def _old_watch_payload() -> dict[str, Any]:
     }
 
 
-ADDED_SINCE = {"delayed": None}  # ddp_watch fields added later, with their defaults
+ADDED_SINCE = {
+    "delayed": None,
+    "first_iteration": 1,
+}  # ddp_watch fields added later, with their defaults
 
 
 def test_struct_payloads_are_the_old_wire_format() -> None:

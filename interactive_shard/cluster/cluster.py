@@ -52,6 +52,7 @@ from interactive_shard.cluster.procs import Generation, describe_exit
 from interactive_shard.cluster.run import Run
 from interactive_shard.cluster.state import RankState
 from interactive_shard.cluster.worker import WorkerConfig
+from interactive_shard.probing.compat import device as compat_device
 from interactive_shard.telemetry import schema
 from interactive_shard.telemetry.channel import Collector
 from interactive_shard.telemetry.schema import Batch
@@ -105,6 +106,7 @@ class Cluster(live.ShowsView):
             threads,
             cuda_count=torch.cuda.device_count(),  # NVML where it can: no cuInit here
             cuda_initialized=torch.cuda.is_initialized(),
+            fork_safe=compat_device.autograd_survives_fork,
         )
         if self.placement.start_method == "fork":
             preimport_for_fork()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -36,6 +37,7 @@ def resolve(
     *,
     cuda_count: int,
     cuda_initialized: bool,
+    fork_safe: Callable[[], bool] = lambda: True,
     cpu_count: int | None = None,
     platform: str = sys.platform,
 ) -> Placement:
@@ -69,12 +71,21 @@ def resolve(
         # in the kernel called cuInit (torch.cuda.is_available() does, without
         # torch.cuda.is_initialized() saying so).
         forkable = platform.startswith("linux") and not cuda_initialized and kind != "cuda"
-        start_method = "fork" if forkable else "spawn"
+        if forkable and not fork_safe():  # asked only here: it forks a child to find out
+            start_method = "forkserver"  # a fresh server process forks the ranks
+        else:
+            start_method = "fork" if forkable else "spawn"
     elif start_method == "fork" and cuda_initialized:
         raise ValueError(
             "start_method='fork' is unsafe here: CUDA is already initialised in this kernel, "
             "and a forked rank cannot use it. Use start_method='spawn' (or 'auto'), or "
             "restart the kernel and create the Cluster before touching CUDA."
+        )
+    elif start_method == "fork" and not fork_safe():
+        raise ValueError(
+            "start_method='fork' is unsafe here: autograd in this kernel already started "
+            "its device threads (a CUDA build of torch after an FSDP backward), and a "
+            "forked rank cannot run backward. Use start_method='forkserver' (or 'auto')."
         )
     if start_method == "fork" and not platform.startswith("linux"):
         raise ValueError(f"start_method='fork' is only supported on Linux here, not {platform}.")

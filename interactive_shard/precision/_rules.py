@@ -95,6 +95,13 @@ def buffer_cast(family: Family | None, policy: Policy) -> str | None:
     return None  # FSDP2 never touches buffers
 
 
+_ITEMSIZE = {"torch.float64": 8, "torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2}
+
+
+def _itemsize(dtype: str) -> int:
+    return _ITEMSIZE.get(dtype, 1 if "float8" in dtype else 4)
+
+
 def static_dtypes(
     family: Family | None,
     policy: Policy,
@@ -125,9 +132,14 @@ def static_dtypes(
         if trainable:
             out["grad"] = compute
             reduce = policy.reduce_dtype if policy.kind != "none" else None
-            if reduce is None and family == "fsdp2" and reduce_rule == "original":
-                reduce = orig
             out["reduce"] = reduce or compute
+            if family == "fsdp2" and reduce_rule == "original":
+                # 2.15: FSDPParam.unsharded_grad_dtype is reduce_dtype or the original;
+                # the gradient is made in it (param.grad_dtype) unless it is wider than
+                # the compute dtype, whose gradient is then upcast only at the reduction.
+                kept = reduce or orig
+                out["reduce"] = kept
+                out["grad"] = compute if _itemsize(kept) > _itemsize(compute) else kept
         out["sharded_param"] = orig
         if trainable:
             keep = family == "fsdp1" and bool(policy.keep_low_precision_grads)

@@ -23,6 +23,7 @@ from torch import nn
 import interactive_shard as ish
 from interactive_shard.buckets import plan_buckets
 from interactive_shard.buckets._params import reducer_params
+from interactive_shard.probing.compat import ddp as compat_ddp
 
 ITERATIONS = 3
 HAS_CAP_LIST = (
@@ -181,6 +182,18 @@ def _cases() -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 CASES = _cases()
+# torch 2.11 passes a float bucket_cap_mb to _broadcast_coalesced with delayed parameters.
+DELAY_BUG = compat_ddp.DELAY_ALL_REDUCE_NEEDS_INT_CAP
+SKIP_DELAY = pytest.mark.skipif(
+    DELAY_BUG,
+    reason="torch 2.11's DDP passes bucket_cap_mb unconverted to _broadcast_coalesced with "
+    "delay_all_reduce_named_params (TypeError; fixed in 2.12): compat.ddp",
+)
+RUNNABLE = {
+    case: v
+    for case, v in CASES.items()
+    if not (DELAY_BUG and "delay_all_reduce_named_params" in v[1])
+}
 
 # iteration -> buckets in hook-call order: (fqns, buffer bytes or None if sparse, index())
 Observed = dict[int, list[tuple[list[str], int | None, int]]]
@@ -258,13 +271,15 @@ def _observe_all(ctx: Any, cases: dict[str, tuple[str, dict[str, Any]]]) -> dict
 
 @pytest.fixture(scope="module")
 def observed() -> dict[str, Observed]:
-    run = ish.launch(_observe_all, CASES, nprocs=2, timeout=60, backend="gloo", device="cpu")
+    run = ish.launch(_observe_all, RUNNABLE, nprocs=2, timeout=60, backend="gloo", device="cpu")
     rank0, rank1 = run.results
     assert rank0 == rank1, "both ranks must see the same buckets (rank 0's order is broadcast)"
     return rank0
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case", [c if c in RUNNABLE else pytest.param(c, marks=SKIP_DELAY) for c in CASES]
+)
 def test_plan_matches_real_ddp(observed: dict[str, Observed], case: str) -> None:
     model_name, kwargs = CASES[case]
     build, make_inputs = MODELS[model_name]
@@ -359,6 +374,7 @@ def test_reducer_params_are_the_ones_ddp_reduces(
 # -- delay_all_reduce_named_params ------------------------------------------------------------
 
 
+@SKIP_DELAY
 def test_delayed_parameters_are_in_no_bucket(observed: dict[str, Observed]) -> None:
     """The facts the planner encodes, on raw observations: a delayed name leaves every
     bucket in every iteration, unless DDP's key misses it (a root one by its fqn)."""
@@ -402,6 +418,7 @@ def _watched(ctx: Any, model_name: str, ddp_kwargs: dict[str, Any]) -> None:
         "transformer-delay-root-cap0.01-static",
     ],
 )
+@SKIP_DELAY
 def test_watched_run_plans_the_delayed_parameters(cluster: ish.Cluster, case: str) -> None:
     model_name, kwargs = CASES[case]
     run = cluster.run(_watched, model_name, kwargs)

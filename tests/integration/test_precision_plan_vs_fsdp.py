@@ -32,6 +32,7 @@ from torch import nn
 
 import interactive_shard as ish
 from interactive_shard.precision._simulate import walk
+from interactive_shard.probing.compat import fsdp as compat_fsdp
 
 bf, fp16, f32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -231,7 +232,7 @@ def run_fsdp2(mesh: Any, model: nn.Module, policies: dict[str, Any], x: Any) -> 
         d["sharded_param"] = _one(str(p.orig_dtype) for p in params)
         assert _one(str(p.sharded_param.dtype) for p in params) == d["sharded_param"]
         d["sharded_grad"] = _one(str(p.sharded_param.grad.dtype) for p in params)
-        engine_reduce = _one(str(p.reduce_dtype or p.param_dtype or p.orig_dtype) for p in params)
+        engine_reduce = _one(str(compat_fsdp.param_reduce_dtype(p)) for p in params)
         assert d["reduce"] == engine_reduce  # the buffer as allocated == FSDPParam's state
     return obs
 

@@ -456,8 +456,8 @@ def test_fsdp1_nested_wrappers_cast_their_own_inputs(cluster: ish.Cluster) -> No
         collectives = _collectives(run, rank, 2)
         assert {c[0]: c[2:4] for c in collectives if c[1] == "reduce_scatter"} == {
             "": (FP32, 4 * 144),
-            "1": _rs(BF16, 2 * 272),
-            "2": _rs(FP16, 2 * 272),
+            "1": (BF16, 2 * 272),
+            "2": (FP16, 2 * 272),
             "3": (FP32, 4 * 68),
         }
         gathers = {(c[0], c[4]): c[2:4] for c in collectives if c[1] == "all_gather"}

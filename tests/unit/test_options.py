@@ -59,3 +59,27 @@ def test_forced_fork_after_cuda_init_is_a_clear_error() -> None:
 def test_bad_settings_name_the_value(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _resolve(**kwargs)
+
+
+def test_a_kernel_whose_autograd_breaks_forks_gets_a_fork_server() -> None:
+    """A CUDA build of torch after an FSDP backward in the kernel: a forked rank could
+    not run backward (compat.device.autograd_survives_fork)."""
+    asked: list[bool] = []
+
+    def unsafe() -> bool:
+        asked.append(True)
+        return False
+
+    assert _resolve(fork_safe=unsafe).start_method == "forkserver"
+    assert _resolve(start="spawn", fork_safe=unsafe).start_method == "spawn"
+    with pytest.raises(ValueError, match="start_method='forkserver'"):
+        _resolve(start="fork", fork_safe=unsafe)
+    asked.clear()
+    assert _resolve(cuda_count=2, fork_safe=unsafe).start_method == "spawn"
+    assert asked == []  # GPU ranks are spawned anyway: no child forked to ask
+
+
+def test_this_process_can_fork_a_rank_that_runs_backward() -> None:
+    from interactive_shard.probing.compat import device
+
+    assert device.autograd_survives_fork()  # a plain backward here starts no device threads

@@ -13,6 +13,7 @@ at a point that depends on the build of torch (measured on 2.11.0 to 2.15.0):
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import torch
@@ -31,3 +32,28 @@ def ddp_mixed_precision_fails_at() -> Literal["construction", "forward"] | None:
     if accelerator_available():
         return None
     return "forward" if torch.accelerator.current_accelerator() is None else "construction"
+
+
+def autograd_survives_fork() -> bool:
+    """Whether a process forked from this one can run a backward.
+
+    A build of torch with an accelerator (a CUDA wheel, also without a GPU) starts its
+    autograd engine's device threads at some backwards in this process (FSDP2's, seen
+    on 2.11.0 and 2.15.0; a plain module's backward does not), and from then on every
+    forked child fails its first backward ("Unable to handle autograd's threading in
+    combination with fork-based multiprocessing"). The CPU build never does. Asked by
+    forking a child that runs one tiny backward (a few milliseconds).
+    """
+    if torch.accelerator.current_accelerator() is None:
+        return True
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            x = torch.ones(1, requires_grad=True)
+            (x * 2).sum().backward()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0

@@ -42,3 +42,12 @@ def param_groups(state: Any) -> list[Any]:
         return list(groups)
     group = getattr(state, "_fsdp_param_group", None)
     return [] if group is None else [group]
+
+
+def param_reduce_dtype(fsdp_param: Any) -> Any:
+    """The dtype an ``FSDPParam`` says its gradient is reduced in (with no other
+    parameter of its group promoting it): 2.15's ``unsharded_grad_dtype``, else
+    ``reduce_dtype or param_dtype or orig_dtype``."""
+    if reduce_dtype_rule() == "original":
+        return fsdp_param.unsharded_grad_dtype
+    return fsdp_param.reduce_dtype or fsdp_param.param_dtype or fsdp_param.orig_dtype

@@ -47,9 +47,14 @@ browser: $(STAMP)
 # `make test-torch TORCH=2.15.0`: unit, integration and notebook tests on another torch
 # release, in a venv of its own (.venv-torch-2.15.0). A release not on this disk is a
 # CUDA wheel of ~3 GB, run on the CPU. TORCH_SUITES picks the suites (CI: no notebooks
-# on the oldest release). PIP_CONSTRAINT= lifts a machine-wide pip cap on torch's version.
+# on the oldest release); TORCH_EXTRAS adds packages (torchvision==0.29.1 timm==1.0.31
+# next to 2.14.1: tests/integration/test_real_models.py then tries their models too).
+# PIP_CONFIG_FILE=/dev/null: pip reads no config file, so a machine-wide cap on torch's
+# version (a pip.conf constraint) does not refuse the release asked for.
 TORCH ?= 2.15.0
 TORCH_SUITES ?= unit integration notebooks
+TORCH_EXTRAS ?=
+NOCAP := PIP_CONFIG_FILE=/dev/null
 TVENV := .venv-torch-$(TORCH)
 TPY := $(TVENV)/bin/python
 
@@ -57,13 +62,13 @@ $(TVENV)/.installed: pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(TVENV)
 	$(TPY) -m pip install -q --upgrade pip
 	grep -v '^torch==' requirements-dev.txt > $(TVENV)/requirements.txt
-	PIP_CONSTRAINT= $(TPY) -m pip install -q torch==$(TORCH) -r $(TVENV)/requirements.txt
+	$(NOCAP) $(TPY) -m pip install -q torch==$(TORCH) -r $(TVENV)/requirements.txt $(TORCH_EXTRAS)
 	$(TPY) -m pip install -q --no-deps -e .
 	touch $@
 
 test-torch: $(TVENV)/.installed
 	@$(TPY) -c "import torch; print('torch', torch.__version__)"
-	$(MAKE) $(TORCH_SUITES) PY=$(TPY) STAMP=$(TVENV)/.installed
+	$(NOCAP) ISH_WHEEL_TORCH=torch==$(TORCH) $(MAKE) $(TORCH_SUITES) PY=$(TPY) STAMP=$(TVENV)/.installed
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -280,6 +280,21 @@ def _unwrap(model: object) -> nn.Module:
     return model
 
 
+def _refuse_dtype_overrides(fqn: str, obj: Any, module: nn.Module) -> None:
+    """torch 2.15's ``MixedPrecisionPolicy.param_dtype_override_fn`` keeps chosen
+    parameters in their own dtype inside a unit; the plan gives a unit one compute dtype,
+    so it says so rather than plan those parameters wrong."""
+    kept = compat_fsdp.dtype_overrides(obj, module)
+    if kept:
+        raise ValueError(
+            f"policies[{fqn!r}] has a param_dtype_override_fn that keeps {kept[:4]} in their "
+            "original dtype; plan_precision plans one compute dtype per unit and does not "
+            "model per-parameter overrides yet. Plan without the override (the other "
+            "parameters' dtypes are as planned), or make those parameters a unit of their own "
+            "with no param_dtype."
+        )
+
+
 def _resolve(model: nn.Module, policies: Mapping[str, Any]) -> _Units:
     if not isinstance(policies, Mapping):
         raise TypeError(
@@ -318,6 +333,8 @@ def _resolve(model: nn.Module, policies: Mapping[str, Any]) -> _Units:
             "policies mix engines (" + listed + "); one model is wrapped by one of FSDP2 "
             "(MixedPrecisionPolicy), FSDP1 (MixedPrecision) or DDP (_MixedPrecision)"
         )
+    for fqn, obj in policies.items():
+        _refuse_dtype_overrides(fqn, obj, modules[fqn])
     family = next(iter(families.values()), None)
     if family == "ddp" and set(policies) != {""}:
         raise ValueError(

@@ -23,6 +23,7 @@ from interactive_shard.buckets._probe_data import checksums
 from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWatch
 from interactive_shard.buckets.figures import figure_bucket_map
 from interactive_shard.buckets.figures_timeline import figure_bucket_timeline
+from interactive_shard.probing.compat import ddp as compat_ddp
 from interactive_shard.testing import payload_types
 
 WATCH_FIELDS = payload_types(DdpWatch)
@@ -377,3 +378,37 @@ def test_a_model_watched_in_one_run_is_mapped_in_the_next(cluster: ish.Cluster) 
         last = iterations[-1]
         planned = [b.fqns for b in run.buckets.planned(last)]
         assert planned == [b.fqns for b in run.buckets.observed(last, rank=1)]
+
+
+# -- torch 2.15: DDP(lazy_bucket_allocation=True) ----------------------------------------------
+def _lazy(ctx: Any, lazy: bool, as_view: bool) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
+    kwargs = {"lazy_bucket_allocation": True} if lazy else {}
+    ddp = DDP(model, bucket_cap_mb=0.03, gradient_as_bucket_view=as_view, **kwargs)
+    ish.watch(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(ctx.rank)
+    for _ in ctx.steps(3):
+        opt.zero_grad()
+        ddp(torch.randn(4, 64, generator=gen)).pow(2).mean().backward()
+        opt.step()
+    return [p.detach().clone() for p in ddp.parameters()]
+
+
+@pytest.mark.skipif(
+    not compat_ddp.LAZY_BUCKET_ALLOCATION, reason=compat_ddp.missing("lazy_bucket_allocation")
+)
+@pytest.mark.parametrize("as_view", [False, True], ids=["copy", "bucket-view"])
+def test_lazy_bucket_allocation_is_watched_as_planned(cluster: ish.Cluster, as_view: bool) -> None:
+    """Bucket storage allocated in backward (torch 2.15): the same buckets, in iteration 1
+    and rebuilt, no finding, and the same training as without the probe's knowledge of it."""
+    lazy = cluster.run(_lazy, True, as_view)
+    assert lazy.buckets.iterations == [1, 2, 3]
+    for it in lazy.buckets.iterations:
+        comparison = lazy.buckets.compare(it)
+        assert comparison.matches, comparison.differences
+    assert lazy.buckets.health == []
+    eager = cluster.run(_lazy, False, as_view).results
+    for a, b in zip(lazy.results[0], eager[0], strict=True):
+        assert torch.equal(a, b)

@@ -792,3 +792,19 @@ def test_fsdp2_fix_has_a_policy_object_for_every_unit() -> None:
     assert fix is not None and fix[""] == P2()  # fully_shard(mp_policy=None) would not run
     fsdp1 = plan_precision(seq(), FAILURES["fsdp1-A"][0], example_inputs=X).failures[0].fix
     assert fsdp1 is not None and fsdp1[""] is None  # FSDP1 takes mixed_precision=None
+
+
+@pytest.mark.skipif(
+    not compat_fsdp.PARAM_DTYPE_OVERRIDE,
+    reason="torch before 2.15 has no MixedPrecisionPolicy.param_dtype_override_fn",
+)
+def test_a_per_parameter_dtype_override_is_refused_with_the_parameters_named() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    keep_norm = P2(
+        param_dtype=bf,
+        param_dtype_override_fn=lambda p: p.dtype if p.dim() == 1 and p.numel() == 4 else None,
+    )
+    with pytest.raises(ValueError, match=r"keeps \['0.bias', '1.weight', '1.bias'\]"):
+        ish.plan_precision(model, {"": keep_norm})
+    same = P2(param_dtype=bf, param_dtype_override_fn=lambda p: None)  # overrides nothing
+    assert ish.plan_precision(model, {"": same}).unit("").dtypes["param"] == BF

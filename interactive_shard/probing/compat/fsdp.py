@@ -51,3 +51,15 @@ def param_reduce_dtype(fsdp_param: Any) -> Any:
     if reduce_dtype_rule() == "original":
         return fsdp_param.unsharded_grad_dtype
     return fsdp_param.reduce_dtype or fsdp_param.param_dtype or fsdp_param.orig_dtype
+
+
+def dtype_overrides(policy: Any, module: Any) -> list[str]:
+    """Parameters (names in ``module``) that a policy's ``param_dtype_override_fn``
+    (2.15) keeps in a dtype other than its ``param_dtype``; [] before 2.15, or without
+    one. A parameter owned by a nested unit is listed too: an over-report, never a miss."""
+    fn = getattr(policy, "param_dtype_override_fn", None) if PARAM_DTYPE_OVERRIDE else None
+    if fn is None or getattr(policy, "param_dtype", None) is None:
+        return []
+    return [
+        name for name, p in module.named_parameters() if fn(p) not in (None, policy.param_dtype)
+    ]

@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils._pytree import tree_flatten
 
 from interactive_shard.example_inputs import split
+from interactive_shard.probing.compat import autograd as compat_autograd
 
 
 class ReadyOrderSource(Enum):
@@ -275,7 +275,7 @@ def _loss(out: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> torch.Tens
                 f"loss_fn must return a scalar tensor that requires grad; it returned {got}"
             )
         return loss
-    leaves, _ = tree_flatten(out)
+    leaves, _ = compat_autograd.tree_flatten(out)
     parts = [t.sum() for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
     if not parts:
         raise ValueError(

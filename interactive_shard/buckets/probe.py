@@ -91,7 +91,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils._pytree import tree_leaves
 
 from interactive_shard.buckets import _probe_checks as checks
 from interactive_shard.buckets import _probe_data as data
@@ -109,6 +108,7 @@ from interactive_shard.buckets._probe_state import (
 from interactive_shard.buckets.events import Checksum
 from interactive_shard.probing import collective_log
 from interactive_shard.probing import spy as _spy
+from interactive_shard.probing.compat import autograd as compat_autograd
 from interactive_shard.telemetry.rank import current_run as _current_run
 
 if TYPE_CHECKING:
@@ -121,9 +121,9 @@ __all__ = ["OPTIONS", "WATCHES", "CommHookRegisteredError", "Probe", "attach", "
 WATCHES = "torch.nn.parallel.DistributedDataParallel models (compiled or not)"
 OPTIONS = frozenset({"comm_hook", "state", "checksum"})
 
-_engine = torch.autograd.Variable._execution_engine
+_engine = compat_autograd.engine
 _monotonic = time.monotonic
-_task_id = torch._C._current_graph_task_id  # -1 outside backward
+_task_id = compat_autograd.graph_task_id  # -1 outside backward
 
 
 def fits(obj: object) -> bool:
@@ -266,7 +266,9 @@ class Probe:
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if self.phase not in RECORDING or torch.compiler.is_compiling():
             return
-        leaves = [output] if isinstance(output, torch.Tensor) else tree_leaves(output)
+        leaves = (
+            [output] if isinstance(output, torch.Tensor) else compat_autograd.tree_leaves(output)
+        )
         for t in leaves:
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                 t.register_hook(self._output_grad_hook)  # type: ignore[no-untyped-call, unused-ignore]
@@ -307,7 +309,7 @@ class Probe:
     def _at_backward_end(self) -> None:
         if self.phase is not Phase.QUEUED:
             return  # detached, or closed by the next forward
-        if torch._C._current_autograd_node() is not None:
+        if compat_autograd.current_node() is not None:
             self.phase = Phase.OPEN  # a nested (reentrant) backward ended, not the user's
             return
         if self._end.reductions != self._end.seen:  # DDP may still have callbacks queued

@@ -73,6 +73,7 @@ from interactive_shard.lifecycle._watch import delayed_owners, watch_event
 from interactive_shard.lifecycle.events import LifecycleCheck
 from interactive_shard.probing import collective_log as _ring
 from interactive_shard.probing import spy as _spy
+from interactive_shard.probing.compat import autograd as compat_autograd
 from interactive_shard.probing.compat import ddp as compat_ddp
 from interactive_shard.telemetry import rank as telemetry
 from interactive_shard.telemetry.rank import current_run as _current_run
@@ -83,7 +84,7 @@ WATCHES = "torch.nn.parallel.DistributedDataParallel models (also torch.compile'
 OPTIONS: frozenset[str] = frozenset()
 PASSES = 4  # engine-callback passes before the Reducer must have finalized
 SEND_AT = 4096  # collectives held before an iteration goes out in parts
-_engine = torch.autograd.Variable._execution_engine
+_engine = compat_autograd.engine
 
 
 def _inner(obj: object) -> DDP | None:

@@ -32,11 +32,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import torch
+from interactive_shard.probing.compat import autograd as compat_autograd
 
 log = logging.getLogger(__name__)
 
-_task_id = torch._C._current_graph_task_id  # -1 outside backward
+_task_id = compat_autograd.graph_task_id  # -1 outside backward
 
 
 def in_backward() -> bool:

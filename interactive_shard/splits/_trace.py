@@ -8,6 +8,7 @@ import torch
 from torch import fx, nn
 
 from interactive_shard.example_inputs import split
+from interactive_shard.probing.compat import dynamo as compat_dynamo
 from interactive_shard.splits._graph import graph_nodes
 from interactive_shard.splits.events import GraphNode
 
@@ -45,7 +46,7 @@ def dynamo_graphs(module: nn.Module, example_inputs: Any) -> list[list[GraphNode
     finally:
         # Drop this trace's cache entries so that planning again, or compiling the model
         # for real in this process, starts fresh rather than meeting recompile limits.
-        torch._dynamo.reset_code(code)
+        compat_dynamo.reset_code(code)
     if not graphs:
         raise RuntimeError(
             f"dynamo compiled no graph of {type(module).__qualname__}.forward; "

@@ -38,12 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import torch
 from torch import fx
-from torch._dynamo.backends.distributed import DDPOptimizer
-from torch._dynamo.eval_frame import OptimizedModule
 from torch.nn.parallel import DistributedDataParallel
 
+from interactive_shard.probing.compat import dynamo as compat_dynamo
+from interactive_shard.probing.compat.dynamo import DDPOptimizer, OptimizedModule
 from interactive_shard.splits._graph import calls_of, graph_nodes, placeholders_and_outputs
 from interactive_shard.splits.events import Call, GraphNode, Partition, SplitCompile, SplitNothing
 from interactive_shard.splits.plan import regions_of, skipped_reason
@@ -225,7 +224,7 @@ class SplitProbe:
         self._nothing(self._why_nothing())
 
     def _why_nothing(self) -> str:
-        mode = torch._dynamo.utils.get_optimize_ddp_mode()
+        mode = compat_dynamo.optimize_ddp_mode()
         cls = type(self.module)
         if mode != "ddp_optimizer":
             return (
@@ -235,9 +234,7 @@ class SplitProbe:
         skipped = skipped_reason(cls.forward.__module__, cls.__name__)
         if skipped:
             return skipped
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        if _debug_get_cache_entry_list(cls.forward.__code__):
+        if compat_dynamo.cached(cls.forward.__code__):
             return (
                 f"{cls.__name__}.forward was compiled before ish.watch: its graphs came from "
                 "dynamo's cache. Call ish.watch before the first forward (or "

@@ -19,14 +19,10 @@ from torch.optim.optimizer import (
 from interactive_shard.probing import collectives as _collectives
 from interactive_shard.probing import guarded, in_backward
 from interactive_shard.probing import spy as _spy
+from interactive_shard.probing.compat.dynamo import OptimizedModule
 from interactive_shard.probing.compat.fsdp import param_groups as fsdp_param_groups
 from interactive_shard.timeline import _graph
 from interactive_shard.timeline._recorder import Recorder, clock
-
-try:
-    from torch._dynamo.eval_frame import OptimizedModule
-except ImportError:  # pragma: no cover - a torch without dynamo
-    OptimizedModule = ()  # type: ignore[assignment, misc]
 
 _FSDP1_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 

@@ -26,6 +26,7 @@ from msgspec.structs import asdict
 
 from interactive_shard.buckets.events import BucketReduced, DdpDelayed, DdpIteration, DdpWatch
 from interactive_shard.buckets.plan import ParamSpec, plan_buckets
+from interactive_shard.precision._rules import static_dtypes
 from interactive_shard.precision.events import (
     Policy,
     PrecisionBatch,
@@ -632,6 +633,10 @@ class FakePrecision:
     input_dtype: str = "torch.float32"
     alter: dict[tuple[str, str], str] = field(default_factory=dict)
     t0: float = 1000.0
+    # What FSDP2 reduces in without a reduce_dtype (PrecisionWatch.reduce_rule): torch
+    # 2.14's by default, so a fake run is the same on every torch; compare it with the
+    # planner under compat.fsdp.reduce_dtype_rule().
+    reduce_rule: str = "compute"
 
     def parent(self, fqn: str) -> str | None:
         if fqn == self.units[0].fqn:
@@ -643,6 +648,7 @@ class FakePrecision:
         return PrecisionWatch(
             wrapper=self.wrapper,  # type: ignore[arg-type]
             world_size=self.world_size,
+            reduce_rule=self.reduce_rule,  # type: ignore[arg-type]
             units=[
                 Unit(
                     fqn=u.fqn,
@@ -756,11 +762,20 @@ class FakePrecision:
             if not u.numel:
                 continue
             compute = self.compute(u)
-            reduce = u.policy.reduce_dtype or compute
+            family: Any = self.wrapper
+            rules = static_dtypes(
+                family,
+                u.policy,
+                root=False,
+                orig=u.dtype,
+                trainable=True,
+                reduce_rule=self.reduce_rule,
+            )
+            reduce = rules["reduce"]
             if self.wrapper != "ddp" and self.parent(u.fqn) is not None:
                 records.append(self._collective(it, u, "all_gather", compute, True))
             self._once(records, it, u, "param", compute)
-            self._once(records, it, u, "grad", compute)
+            self._once(records, it, u, "grad", rules["grad"])
             op = "all_reduce" if self.wrapper == "ddp" else "reduce_scatter"
             records.append(self._collective(it, u, op, reduce, True))
         for u in self.units:  # the optimizer step: what it steps and reads

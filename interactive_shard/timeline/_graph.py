@@ -58,11 +58,13 @@ def walk(outputs: Any, above: int) -> Walk | None:
     """The nodes reachable from ``outputs`` numbered above ``above``; None when there
     are none (no grad) or more than ``MAX_NODES``."""
     found = Walk()
-    seen: set[int] = set()
+    # Keyed by id, holding the node: a node's Python object lives only while referenced
+    # (next_functions makes a new one after), and a freed one's id is reused at once.
+    seen: dict[int, Any] = {}
     for t in tensors(outputs):
         fn = t.grad_fn
         if fn is not None and id(fn) not in seen and _inside(fn, above):
-            seen.add(id(fn))
+            seen[id(fn)] = fn
             found.tops.append(fn)
     stack = list(found.tops)
     while stack:
@@ -77,7 +79,7 @@ def walk(outputs: Any, above: int) -> Walk | None:
             if id(nxt) not in seen:
                 if len(seen) >= MAX_NODES:
                     return None
-                seen.add(id(nxt))
+                seen[id(nxt)] = nxt
                 stack.append(nxt)
         if not inner:
             found.sinks.append(node)

@@ -410,8 +410,20 @@ def test_the_fake_run_matches_the_planner(name: str, wrapper: str) -> None:
     net = nn.Sequential(nn.Linear(8, 16), Inner(), Inner(), nn.Linear(16, 4))
     real = {k: policy_object(p) for k, p in policies.items()}
     plan = plan_precision(net, real, example_inputs=(torch.randn(4, 8),))
-    m = model_of(policies, wrapper=wrapper)
+    from interactive_shard.probing.compat import fsdp as compat_fsdp
+
+    m = model_of(policies, wrapper=wrapper, reduce_rule=compat_fsdp.reduce_dtype_rule())
     cmp = m.compare(plan)
     assert cmp.matches, cmp.differences
     assert [u.fqn for u in plan.units] == [u.fqn for u in m.units()]
     assert all(set(u.dtypes) <= set(PHASES) for u in plan.units)
+
+
+@pytest.mark.parametrize(("rule", "reduced"), [("compute", BF16), ("original", F32)])
+def test_each_rank_is_judged_by_its_own_torchs_reduce_rule(rule: str, reduced: str) -> None:
+    """torch 2.15's FSDP2 reduces in the original dtype without a reduce_dtype: a run that
+    did so (its watch says reduce_rule="original") is no finding, and reads as it ran."""
+    m = model_of({k: fsdp2_policy("bf16") for k in ("", "1", "2")}, reduce_rule=rule)
+    assert m.reduce_rule() == rule
+    assert m.observed("1", iteration=2)["reduce"] == reduced
+    assert m.findings == []

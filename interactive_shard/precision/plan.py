@@ -458,7 +458,7 @@ def _units(base: _Units, result: SimResult | None) -> list[PrecisionUnit]:
 
 
 def _short(dtype: str) -> str:
-    return dtype.removeprefix("torch.")
+    return dtype.replace("torch.", "")  # "torch.float32, torch.bfloat16" has two
 
 
 def _explain(raw: RawFailure, family: Family | None, specs: dict[str, UnitSpec]) -> str:

@@ -71,3 +71,31 @@ def test_cuda_event_spans_wait_for_the_gpu_then_land_on_the_host_clock() -> None
     [span] = sent[0].spans
     assert (span.kind, span.name) == ("backward", "a")
     assert abs(span.start - 100.005) < 1e-9 and abs(span.end - 100.0075) < 1e-9
+
+
+def test_the_graph_walk_keeps_the_nodes_it_saw() -> None:
+    """A module's backward ends at every node leading back to its input. torch 2.11 frees
+    a node's Python object once unreferenced and reuses its id for the next: a walk that
+    kept ids only stopped early and found one end node of three, so the module's
+    backward span never closed (seen on GPT-2, BERT, ViT and ResNet)."""
+    import torch
+    from torch import nn
+
+    from interactive_shard.timeline import _graph
+
+    class Block(nn.Module):
+        def __init__(self, d: int = 16) -> None:
+            super().__init__()
+            self.ln, self.qkv, self.o = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(self.ln(x)).split(x.shape[-1], -1)
+            return x + self.o(torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+
+    x = torch.randn(2, 4, 16, requires_grad=True) * 1.0
+    sinks = _graph.walk(Block()(x), _graph.boundary(x)).sinks
+    assert sorted(n.name() for n in sinks) == [
+        "NativeLayerNormBackward0",
+        "TBackward0",
+        "TBackward0",
+    ]

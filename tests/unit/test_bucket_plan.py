@@ -24,12 +24,13 @@ from interactive_shard.buckets import (
 )
 from interactive_shard.buckets._assign import Item, assign_by_size
 from interactive_shard.example_models import LlamaConfig, llama_7b
+from interactive_shard.probing.compat import ddp as compat_ddp
 
 torch_assign = getattr(dist, "_compute_bucket_assignment_by_size", None)
 needs_torch_assign = pytest.mark.skipif(torch_assign is None, reason="torch lacks the function")
 needs_capacity_config = pytest.mark.skipif(
-    torch_assign is None or not hasattr(torch.nn.parallel.distributed, "_BucketCapacityConfig"),
-    reason="torch < 2.13 has no _BucketCapacityConfig",
+    torch_assign is None or not compat_ddp.BUCKET_CAPACITY_CONFIG,
+    reason=compat_ddp.missing("_BucketCapacityConfig to check BucketCaps against"),
 )
 MIB = 1024 * 1024
 COMMON = [torch.float32, torch.float16, torch.bfloat16, torch.float64]

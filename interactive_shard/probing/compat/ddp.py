@@ -23,6 +23,10 @@ MIB = 1024 * 1024
 # only broadcast_buffers exists.
 FORWARD_SYNC_BUFFERS = since(2, 13)
 
+# 2.12: _BucketCapacityConfig turns bucket_cap_mb (or bucket_cap_mb_list) into byte
+# limits; the planner's BucketCaps is its twin, checked against it where it exists.
+BUCKET_CAPACITY_CONFIG = since(2, 12)
+
 # 2.15: DDP(lazy_bucket_allocation=True) allocates bucket storage in backward.
 LAZY_BUCKET_ALLOCATION = since(2, 15)
 

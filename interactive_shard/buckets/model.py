@@ -286,9 +286,9 @@ class BucketMap(BucketEvents, ShowsView):
         raw = self._records
         preferred = (2, 1) if static_graph else (1, 2)
         info = self.info
-        first = info.first_iteration if info is not None else 1
-        if first != 1:  # a late watch: the order of the first iteration seen
-            preferred = (first or 1, (first or 1) + 1)
+        first = (info.first_iteration or 1) if info is not None else 1
+        if first > 1:  # a late watch: the order of the first iteration seen
+            preferred = (first, first + 1)
         cached = self._ready.get(static_graph)
         if cached is not None and cached[0] in (-1, len(raw)):
             return cached[1]

@@ -80,9 +80,7 @@ def placeholders_and_outputs(gm: fx.GraphModule) -> tuple[list[str], list[str]]:
 # -- which parameter a placeholder is -------------------------------------------------------
 def _resolve(source: Any, local: str, root: nn.Module) -> Any:
     """Evaluate a dynamo ``Source`` chain against the frame whose ``local`` is ``root``."""
-    from interactive_shard.probing.compat import dynamo as compat_dynamo
-
-    sources = compat_dynamo.source_module()
+    from interactive_shard.probing.compat.dynamo import sources
 
     if isinstance(source, sources.LocalSource):
         if source.local_name != local:

@@ -5,12 +5,11 @@ sources of a graph's placeholders. Importing this module imports ``torch._dynamo
 
 from __future__ import annotations
 
-from types import CodeType, ModuleType
-from typing import Any
+from types import CodeType
 
 import torch
 import torch._dynamo
-from torch._dynamo import source as sources
+from torch._dynamo import source as sources  # the classes of a placeholder's source
 from torch._dynamo.backends.distributed import DDPOptimizer
 from torch._dynamo.eval_frame import OptimizedModule
 
@@ -20,7 +19,7 @@ __all__ = [
     "cached",
     "optimize_ddp_mode",
     "reset_code",
-    "source_module",
+    "sources",
 ]
 
 
@@ -39,13 +38,3 @@ def cached(code: CodeType) -> bool:
 def reset_code(code: CodeType) -> None:
     """Drop dynamo's cache entries of ``code`` (a fresh compile next time)."""
     torch._dynamo.reset_code(code)
-
-
-def source_module() -> ModuleType:
-    """``torch._dynamo.source``: the classes of a placeholder's ``_dynamo_source``."""
-    return sources
-
-
-def explain(model: Any) -> Any:
-    """``torch._dynamo.explain(model)``."""
-    return torch._dynamo.explain(model)

@@ -132,6 +132,8 @@ def test_recorded_payloads_round_trip_through_the_structs() -> None:
         (BucketReduced.KIND, {"dtypes": []}, "different lengths"),
         (DdpIteration.KIND, {"ready_t": [1.0]}, "one time per entry"),
         (DdpWatch.KIND, {"checksum": "some"}, "checksum"),
+        (DdpWatch.KIND, {"first_iteration": 0}, ">= 1"),
+        (DdpWatch.KIND, {"first_iteration": "3"}, "first_iteration"),
         ("nonsense", {}, "not a bucket event kind"),
     ],
 )

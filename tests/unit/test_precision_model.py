@@ -427,3 +427,17 @@ def test_each_rank_is_judged_by_its_own_torchs_reduce_rule(rule: str, reduced: s
     assert m.reduce_rule() == rule
     assert m.observed("1", iteration=2)["reduce"] == reduced
     assert m.findings == []
+
+
+def test_a_watch_with_an_unknown_reduce_rule_is_skipped_not_believed() -> None:
+    fake = FakePrecision(mp_net({k: fsdp2_policy("bf16") for k in ("", "1", "2")}))
+    events = fake.events()
+    bad = [
+        Event(e.kind, e.rank, e.step, e.t, {**e.payload, "reduce_rule": "fastest"})
+        if e.kind == PrecisionWatch.KIND
+        else e
+        for e in events
+    ]
+    m = PrecisionModel(make_store(bad))
+    m.update()
+    assert m.watch(0) is None and m.skipped >= 1

@@ -11,16 +11,23 @@ from interactive_shard.cluster.listen import Listener, listen
 from interactive_shard.cluster.run import Run, load
 
 
-def launch(fn: Any, *args: Any, nprocs: int = 2, **kwargs: Any) -> Run:
+def launch(fn: Any, *args: Any, nprocs: int = 2, wait: bool = True, **kwargs: Any) -> Run:
     """One shot: start ``nprocs`` ranks, run ``fn(ctx, *args)`` on them, close them.
 
     Keyword arguments that ``Cluster`` takes (backend, device, start_method, timeout,
-    threads, echo) configure the cluster; the others go to ``fn``.
+    threads, echo) configure the cluster; the others go to ``fn``. ``wait=False``
+    returns the live run at once; its ranks close when it ends.
     """
     cluster_keys = {"backend", "device", "start_method", "timeout", "threads", "echo"}
     cluster_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in cluster_keys}
-    with Cluster(nprocs, restart_on_failure=False, **cluster_kwargs) as cluster:
-        return cluster.run(fn, *args, **kwargs)
+    cluster = Cluster(nprocs, restart_on_failure=False, **cluster_kwargs)
+    try:
+        run = cluster.run(fn, *args, wait=wait, **kwargs)
+    except BaseException:
+        cluster.close()
+        raise
+    run.when_done(cluster.close)
+    return run
 
 
 __all__ = [

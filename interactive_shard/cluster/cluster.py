@@ -42,12 +42,18 @@ import weakref
 from typing import Any
 
 from interactive_shard import features
-from interactive_shard.cluster import events, isolation, options, stacks
+from interactive_shard.cluster import isolation, options, stacks
 from interactive_shard.cluster._support import Resources, pickle_call, preimport_for_fork, weak
 from interactive_shard.cluster.errors import RankError
 from interactive_shard.cluster.isolation import Rendezvous
 from interactive_shard.cluster.messages import STARTUP, Done, Failed, FromRank, Ready, RunCall
 from interactive_shard.cluster.outcome import Reply
+from interactive_shard.cluster.output import (
+    CLUSTER_LOG_CHARS,
+    CLUSTER_LOG_LINES,
+    LineRing,
+    cut_lines,
+)
 from interactive_shard.cluster.procs import Generation, describe_exit
 from interactive_shard.cluster.run import Run
 from interactive_shard.cluster.state import RankState
@@ -114,7 +120,9 @@ class Cluster(live.ShowsView):
         self.timeout = float(timeout)
         self.restart_on_failure = restart_on_failure
         self.echo = echo
-        self.logs: list[list[str]] = [[] for _ in range(nprocs)]  # every line, per rank
+        # Each rank's latest lines over all runs (Note [Bounded rank output], output.py).
+        self._logs = [LineRing(CLUSTER_LOG_LINES, CLUSTER_LOG_CHARS) for _ in range(nprocs)]
+        self._group_lost = False  # a run destroyed the process group: restart before the next
         self._lock = threading.Lock()
         self._rank_states = [RankState.STARTING] * nprocs
         self._exit_notes: dict[int, str] = {}
@@ -157,6 +165,19 @@ class Cluster(live.ShowsView):
     @property
     def latest_run(self) -> Run | None:
         return self._latest
+
+    @property
+    def logs(self) -> list[list[str]]:
+        """Each rank's latest output lines, over all runs (at most ``CLUSTER_LOG_LINES``
+        per rank; ``logs_dropped`` counts the older ones)."""
+        with self._lock:
+            return [ring.lines() for ring in self._logs]
+
+    @property
+    def logs_dropped(self) -> list[int]:
+        """Per rank, how many older lines ``logs`` no longer holds."""
+        with self._lock:
+            return [ring.dropped for ring in self._logs]
 
     @property
     def telemetry(self) -> tuple[str, str]:
@@ -203,18 +224,27 @@ class Cluster(live.ShowsView):
         return run
 
     def restart(self) -> None:
-        """Kill the ranks and start fresh ones (``ctx.state`` is emptied)."""
+        """Kill the ranks and start fresh ones (``ctx.state`` is emptied). A run still
+        in progress ends with a ``RankError`` saying so."""
         self._check_open()
         self._stop_generation(graceful=False)
+        self._end_current("cluster.restart()")
         self._start()
 
     def close(self) -> None:
-        """Stop every rank and release ports. Safe to call twice."""
-        if self._closed:
-            return
+        """Stop every rank and release ports. A run still in progress gets the ranks'
+        grace period to finish, then ends with a ``RankError`` saying so.
+
+        Safe to call twice, and to interrupt: an interrupt while the ranks leave kills
+        them at once; a second ``close()`` finishes what an interrupted one left.
+        """
         self._closed = True
-        self._stop_generation(graceful=True)
-        self._finalizer()
+        try:
+            self._stop_generation(graceful=True)
+            self._end_current("cluster.close()")
+        finally:
+            self._res.close()  # idempotent: a second close finishes an interrupted one
+            self._finalizer.detach()
 
     def __enter__(self) -> Cluster:
         return self
@@ -257,6 +287,7 @@ class Cluster(live.ShowsView):
 
     def _start(self) -> None:
         self._generation_no += 1
+        self._group_lost = False
         self._exit_notes.clear()
         self._startup_errors.clear()
         self._rank_states = [RankState.STARTING] * self.nprocs
@@ -300,9 +331,17 @@ class Cluster(live.ShowsView):
         self._rank_states = [RankState.IDLE] * self.nprocs
 
     def _stop_generation(self, *, graceful: bool) -> None:
-        gen, self._res.gen = self._res.gen, None
+        gen = self._res.gen
         if gen is not None:
-            gen.stop(graceful=graceful)
+            gen.stop(graceful=graceful)  # held until stopped: an interrupted stop is redone
+            self._res.gen = None
+
+    def _end_current(self, why: str) -> None:
+        """End the run in progress, if any, once its ranks are gone."""
+        with self._lock:
+            run, self._current = self._current, None
+        if run is not None and not run.done:
+            run.abandon(why)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -315,8 +354,10 @@ class Cluster(live.ShowsView):
                 f"run {self._current.run_id} is still in progress on this cluster; call "
                 "run.wait() (or interrupt it) before starting another."
             )
-        if RankState.FAILED in self._rank_states:
+        if RankState.FAILED in self._rank_states or self._group_lost:
             notes = [n.splitlines()[0] for n in self._exit_notes.values()]
+            if self._group_lost:
+                notes.append("the last run destroyed the process group")
             why = "; ".join(notes) or "the process group failed in the last run"
             if not self.restart_on_failure:
                 raise RuntimeError(
@@ -341,31 +382,31 @@ class Cluster(live.ShowsView):
         if run is None:
             return
         if isinstance(msg, Done):
+            if msg.group_lost:
+                self._group_lost = True
             try:
                 result = pickle.loads(msg.result)
-            except Exception as exc:
-                why = f"[rank {rank}] result could not be unpickled: {exc!r}"
-                run.record_reply(rank, Reply.ERROR, why)
+            except BaseException as exc:  # SystemExit too: the supervisor must live on
+                why = cut_lines(f"[rank {rank}] result could not be unpickled: {exc!r}")
+                run.record_reply(rank, Reply.ERROR, why, sent=msg.sent)
             else:
-                run.record_reply(rank, Reply.DONE, result)
+                run.record_reply(rank, Reply.DONE, result, sent=msg.sent)
         else:
-            run.record_reply(rank, Reply.BROKEN if msg.broken else Reply.ERROR, msg.traceback)
+            kind = Reply.BROKEN if msg.broken else Reply.ERROR
+            run.record_reply(rank, kind, cut_lines(msg.traceback), sent=msg.sent)
 
     def _on_output(self, rank: int, stream: str, line: str) -> None:
         with self._lock:
-            self.logs[rank].append(line)
+            self._logs[rank].add(line)
             run = self._current or self._latest
         if run is not None:
-            log = events.payload(
-                events.Log(stream="stderr" if stream == "stderr" else "stdout", text=line)
-            )
-            run.store.append(schema.Event(events.Log.KIND, rank, 0, time.monotonic(), log))
+            run.add_output(rank, stream, line)
 
     def _on_exit(self, rank: int, exitcode: int | None) -> None:
-        if self._closed or self._gen is None:
+        if self._closed:
             return  # we stopped it
         with self._lock:
-            tail = "\n".join(self.logs[rank][-15:])
+            tail = "\n".join(self._logs[rank].lines()[-15:])
             note = f"rank {rank} {describe_exit(exitcode)}"
             self._exit_notes[rank] = f"{note}\nlast output:\n{tail}" if tail else note
             self._rank_states[rank] = RankState.FAILED
@@ -379,6 +420,7 @@ class Cluster(live.ShowsView):
         if run is None:
             return
         run.store.extend(batch.events, rank=batch.rank, scalars=batch.scalars)  # all its rank's
+        run.outcome.received(batch.rank, batch.size)
         if batch.final:
             run.outcome.stream_closed(batch.rank)
 
@@ -418,13 +460,13 @@ class Cluster(live.ShowsView):
         """Each stuck rank's stack before it is killed (Note [Stuck rank stacks])."""
         assert self._gen is not None
         with self._lock:
-            marks = {r: len(self.logs[r]) for r in ranks}
+            marks = {r: self._logs[r].total for r in ranks}
         self._gen.signal(ranks, stacks.DUMP_SIGNAL)
         deadline = time.monotonic() + stacks.WAIT_S
         seen, quiet_since = -1, time.monotonic()
         while time.monotonic() < deadline:
             with self._lock:
-                new = {r: self.logs[r][marks[r] :] for r in ranks}
+                new = {r: self._logs[r].since(marks[r]) for r in ranks}
             count = sum(map(len, new.values()))
             if count != seen:
                 seen, quiet_since = count, time.monotonic()
@@ -436,7 +478,10 @@ class Cluster(live.ShowsView):
 
     def interrupt(self, run: Run) -> None:
         """Stop the ranks' work on ``run``: SIGINT, then kill whoever does not come back."""
-        assert self._gen is not None
+        if self._gen is None:  # closed, or a restart that failed: the ranks are gone
+            self._end_current("the cluster's ranks are gone")
+            run.abandon("the cluster's ranks are gone")  # if it was not the current one
+            return
         self._gen.signal(run.outcome.pending, signal.SIGINT)
         deadline = time.monotonic() + INTERRUPT_GRACE_S
         while run.outcome.pending and time.monotonic() < deadline:

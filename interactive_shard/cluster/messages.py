@@ -33,6 +33,8 @@ class Ready:
 class Done:
     run_id: int
     result: bytes  # cloudpickle of the function's return value
+    sent: int = 0  # events the rank sent (or dropped) in the run: the kernel counts them
+    group_lost: bool = False  # the function destroyed the process group
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,7 @@ class Failed:
     traceback: str
     interrupted: bool  # a KeyboardInterrupt (the kernel was interrupted)
     broken: bool  # the process group failed: the ranks must restart
+    sent: int = 0  # as Done's
 
 
 ToRank = RunCall | Stop

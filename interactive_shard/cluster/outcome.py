@@ -9,16 +9,20 @@ rank) and must be killed, and a run whose process group failed leaves ranks that
 cannot be trusted with another collective.
 
 Algorithm:
-1. ``reply(rank, kind)`` records each rank's first reply (later ones are ignored).
-2. ``stream_closed(rank)`` records that the rank's event stream ended (its ``final``
+1. ``reply(rank, kind, sent)`` records each rank's first reply (later ones are
+   ignored) and how many events the rank sent in the run.
+2. ``received(rank, n)`` counts the run's events that arrived from a rank;
+   ``stream_closed(rank)`` records that the rank's event stream ended (its ``final``
    batch arrived), so no event of the run is still in flight.
 3. ``decided()``:
    * while some rank has not replied: True once ``failure_grace_s`` passed since
      the first failure (never without a failure: a long run is not stuck);
    * once every rank replied: True when every stream of a rank that is still alive
-     closed, or ``stream_grace_s`` after the last reply (a stream that never closes
-     must not hold the notebook forever).
-4. ``verdict()`` says which ranks are stuck and whether the ranks must restart.
+     closed, or when no event nor reply arrived for ``stream_grace_s`` (a stream that
+     never closes must not hold the notebook forever; one that is still delivering,
+     600k events behind, is not given up on).
+4. ``verdict()`` says which ranks are stuck and whether the ranks must restart;
+   ``missing()`` how many events each rank sent that never arrived.
 
 The clock is injected, so the timing rules are unit-tested without waiting.
 """
@@ -33,7 +37,8 @@ from enum import Enum
 
 # After one rank fails, wait this long for the others to report before deciding.
 FAILURE_GRACE_S = 1.0
-# After every rank replied, wait at most this long for their event streams to close.
+# After every rank replied, give up on their event streams closing once nothing arrived
+# for this long.
 STREAM_GRACE_S = 5.0
 
 
@@ -85,22 +90,32 @@ class Outcome:
         self._cond = threading.Condition()
         self._replies: dict[int, Reply] = {}
         self._streams_closed: set[int] = set()
+        self._sent: dict[int, int] = {}  # rank -> events it says it sent in the run
+        self._received = [0] * world_size
         self._first_failure: float | None = None
-        self._last_reply = 0.0
+        self._last_news = 0.0  # the last reply, or the last event that arrived after it
 
     # -- reports ----------------------------------------------------------------------------
-    def reply(self, rank: int, kind: Reply) -> bool:
-        """Record ``rank``'s reply; False (and ignored) when it had replied already."""
+    def reply(self, rank: int, kind: Reply, sent: int | None = None) -> bool:
+        """Record ``rank``'s reply (``sent``: the events it sent in the run, if it could
+        say); False (and ignored) when it had replied already."""
         with self._cond:
             if rank in self._replies:
                 return False
             now = self._clock()
             self._replies[rank] = kind
-            self._last_reply = now
+            if sent is not None:
+                self._sent[rank] = sent
+            self._last_news = now
             if kind.failed and self._first_failure is None:
                 self._first_failure = now
             self._cond.notify_all()
             return True
+
+    def received(self, rank: int, n: int) -> None:
+        with self._cond:
+            self._received[rank] += n
+            self._last_news = self._clock()
 
     def stream_closed(self, rank: int) -> None:
         with self._cond:
@@ -128,7 +143,13 @@ class Outcome:
                 return failed_at is not None and now - failed_at >= self._failure_grace_s
             dead = {r for r, kind in self._replies.items() if kind is Reply.DIED}
             open_streams = set(self._replies) - self._streams_closed - dead
-            return not open_streams or now - self._last_reply >= self._stream_grace_s
+            return not open_streams or now - self._last_news >= self._stream_grace_s
+
+    def missing(self) -> dict[int, int]:
+        """Per rank, the events it said it sent that have not arrived (none: left out)."""
+        with self._cond:
+            short = {r: n - self._received[r] for r, n in self._sent.items()}
+            return {r: n for r, n in sorted(short.items()) if n > 0}
 
     def verdict(self) -> Verdict:
         with self._cond:

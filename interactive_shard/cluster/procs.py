@@ -21,7 +21,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from interactive_shard.cluster import isolation
-from interactive_shard.cluster.messages import FromRank, Ready, Stop, ToRank
+from interactive_shard.cluster.messages import Done, Failed, FromRank, Ready, Stop, ToRank
+from interactive_shard.cluster.output import LineBuffer
 from interactive_shard.cluster.worker import WorkerConfig, main
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,10 @@ class RankProc:
     conn: Connection
     outputs: dict[str, Connection]  # stream name -> read end
     ready: bool = False
-    partial: dict[str, bytes] = field(default_factory=dict)
+    # Each stream's unfinished line, bounded (Note [Bounded rank output] in output.py).
+    partial: dict[str, LineBuffer] = field(
+        default_factory=lambda: {"stdout": LineBuffer(), "stderr": LineBuffer()}
+    )
     # Held while reaping or signalling: a reaped pid may be reused, so no signal may be
     # sent to it between the check and the kill.
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -102,6 +106,8 @@ class Generation:
             self.ranks.append(
                 RankProc(cfg.rank, proc, parent_conn, {s: p[0] for s, p in outs.items()})
             )
+        self.stopping = False
+        self._stopped = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name="ish-supervisor", daemon=True)
         self._thread.start()
@@ -117,19 +123,28 @@ class Generation:
         while watched and not self._stop.is_set():
             ready: list[Any] = wait(list(watched), timeout=0.2)
             for obj in ready:
-                rank, what = watched[obj]
-                if what == "control":
-                    self._read_control(rank, obj, watched)
-                elif what == "exit":
-                    # Its children go with it (before the reap: the pid is still ours).
-                    rank.kill_group()
-                    # Drain output first so the last stderr lines explain the death.
-                    del watched[obj]
-                    self._drain(rank, watched)
-                    rank.join(timeout=1)
-                    self._on_exit(rank.rank, rank.process.exitcode)
-                else:
-                    self._read_output(rank, what, obj, watched)
+                if obj not in watched:
+                    continue  # drained with its rank's death
+                try:
+                    self._handle(obj, watched)
+                except BaseException:  # anything a rank sends: the thread must live on
+                    log.exception("supervisor: handling rank output failed; carrying on")
+
+    def _handle(self, obj: Any, watched: dict[Any, tuple[RankProc, str]]) -> None:
+        rank, what = watched[obj]
+        if what == "control":
+            self._read_control(rank, obj, watched)
+        elif what == "exit":
+            # Its children go with it (before the reap: the pid is still ours).
+            rank.kill_group()
+            # Drain output first so the last stderr lines explain the death.
+            del watched[obj]
+            self._drain(rank, watched)
+            rank.join(timeout=1)
+            if not self.stopping:  # a rank we stop is no news
+                self._on_exit(rank.rank, rank.process.exitcode)
+        else:
+            self._read_output(rank, what, obj, watched)
 
     def _read_control(
         self, rank: RankProc, conn: Connection, watched: dict[Any, tuple[RankProc, str]]
@@ -139,8 +154,14 @@ class Generation:
         except (EOFError, OSError):
             del watched[conn]
             return
+        except BaseException:  # a message that does not unpickle (framing is intact)
+            log.exception("rank %d sent an unreadable control message; ignored", rank.rank)
+            return
         if isinstance(msg, Ready):
             rank.ready = True
+        elif not isinstance(msg, Done | Failed):
+            log.warning("rank %d sent %r on its control pipe; ignored", rank.rank, type(msg))
+            return
         else:  # the rank flushed before replying: its run's output is in the pipes now
             self._drain_output(rank, watched)
         self._on_message(rank.rank, msg)
@@ -160,14 +181,11 @@ class Generation:
             data = b""
         if not data:
             del watched[conn]
-            tail = rank.partial.pop(stream, b"")
-            if tail:
-                self._on_output(rank.rank, stream, tail.decode(errors="replace"))
-            return
-        *lines, rest = (rank.partial.get(stream, b"") + data).split(b"\n")
-        rank.partial[stream] = rest
+            lines = rank.partial[stream].close()
+        else:
+            lines = rank.partial[stream].feed(data)
         for line in lines:
-            self._on_output(rank.rank, stream, line.decode(errors="replace").rstrip("\r"))
+            self._on_output(rank.rank, stream, line)
 
     def _drain_output(
         self, rank: RankProc, watched: dict[Any, tuple[RankProc, str]], max_reads: int = 64
@@ -204,20 +222,21 @@ class Generation:
                         pass
 
     def stop(self, *, graceful: bool, grace_s: float = 3.0) -> None:
-        """Ask ranks to leave (graceful) or kill them; kill what they leave; reap all."""
+        """Ask ranks to leave (graceful) or kill them; kill what they leave; reap all.
+
+        Safe to interrupt: an interrupt while the ranks leave kills them at once, and
+        the interrupt is raised once all is released. Safe to call again: a stop that
+        was cut short is finished.
+        """
+        self.stopping = True  # deaths from here on are ours: not reported
+        if self._stopped:
+            return
+        interrupted = False
         if graceful:
-            for r in self.ranks:
-                try:
-                    r.conn.send(Stop())
-                except (OSError, ValueError):
-                    pass
-            # Wait on the sentinels, not join(): an unreaped rank keeps its pid, so its
-            # group can be killed below without racing pid reuse.
-            pending = [r.process.sentinel for r in self.ranks]
-            deadline = time.monotonic() + grace_s
-            while pending and (left := deadline - time.monotonic()) > 0:
-                for done in wait(pending, timeout=left):
-                    pending.remove(done)
+            try:
+                self._leave(grace_s)
+            except KeyboardInterrupt:
+                interrupted = True
         for r in self.ranks:
             r.kill_group()  # ranks still running, and whatever the ranks started
         for r in self.ranks:
@@ -227,4 +246,25 @@ class Generation:
         for r in self.ranks:
             for conn in (r.conn, *r.outputs.values()):
                 conn.close()
-            r.process.close()
+        self._stopped = True
+        for r in self.ranks:
+            try:
+                r.process.close()  # its sentinel's fd
+            except ValueError:  # still running after the kill (a rank in the kernel's D state)
+                log.warning("rank %d outlived SIGKILL by 5 s; left to the OS", r.rank)
+        if interrupted:
+            raise KeyboardInterrupt
+
+    def _leave(self, grace_s: float) -> None:
+        for r in self.ranks:
+            try:
+                r.conn.send(Stop())
+            except (OSError, ValueError):
+                pass
+        # Wait on the sentinels, not join(): an unreaped rank keeps its pid, so its group
+        # can be killed after this without racing pid reuse.
+        pending = [r.process.sentinel for r in self.ranks]
+        deadline = time.monotonic() + grace_s
+        while pending and (left := deadline - time.monotonic()) > 0:
+            for done in wait(pending, timeout=left):
+                pending.remove(done)

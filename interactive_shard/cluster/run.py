@@ -6,13 +6,16 @@ import os
 import sys
 import threading
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from interactive_shard import features
 from interactive_shard.cluster.errors import RankError
-from interactive_shard.cluster.events import State, payload
-from interactive_shard.cluster.outcome import Outcome, Reply, Verdict
+from interactive_shard.cluster.events import Log, State, payload
+from interactive_shard.cluster.outcome import STREAM_GRACE_S, Outcome, Reply, Verdict
+from interactive_shard.cluster.output import ECHO_LINES, RunOutput, cut
 from interactive_shard.cluster.state import RankState
 from interactive_shard.telemetry import recording, schema
 from interactive_shard.telemetry.store import RunStore
@@ -58,12 +61,17 @@ class Run(ShowsView):
         self._tracebacks: dict[int, str] = {}
         self._error: BaseException | None = None
         self._finished = driver is None  # a loaded run is complete
-        self._echo_cursor = 0
+        self._output = RunOutput(n)
+        self._when_done: list[Callable[[], None]] = []
+        self.missing_events: dict[int, int] = {}  # rank -> events sent that never arrived
         self._models: dict[str, Any] = {}
 
     # -- reports from the cluster's supervisor / collector threads -------------------
-    def record_reply(self, rank: int, reply: Reply, value: Any = None) -> None:
-        """Rank ``rank`` ended: its result (``Reply.DONE``) or its traceback / exit note."""
+    def record_reply(
+        self, rank: int, reply: Reply, value: Any = None, *, sent: int | None = None
+    ) -> None:
+        """Rank ``rank`` ended: its result (``Reply.DONE``) or its traceback / exit note;
+        ``sent``: how many events it sent in the run."""
         with self._reply_lock:
             if rank in self.outcome.replies:
                 return  # the first reply counts (e.g. an error, then the process exits)
@@ -73,9 +81,18 @@ class Run(ShowsView):
             else:
                 self._tracebacks[rank] = value
                 state = RankState.FAILED
-                detail = str(value).strip().splitlines()[-1] if value else reply.value
-            self.outcome.reply(rank, reply)  # after the result is in place: it may decide
+                detail = cut(str(value).strip().splitlines()[-1]) if value else reply.value
+            self.outcome.reply(rank, reply, sent)  # after the result is in place: it may decide
         self.record_state(rank, state, detail)
+
+    def add_output(self, rank: int, stream: str, text: str) -> None:
+        """A line rank ``rank`` wrote (Note [Bounded rank output] says what is kept)."""
+        if self._output.add(rank, stream, text):
+            self._store_line(rank, stream, text, time.monotonic())
+
+    def _store_line(self, rank: int, stream: str, text: str, t: float) -> None:
+        line = payload(Log(stream="stderr" if stream == "stderr" else "stdout", text=text))
+        self.store.append(schema.Event(Log.KIND, rank, 0, t, line))
 
     def record_state(self, rank: int, state: RankState, detail: str = "") -> None:
         event = payload(State(state=state, detail=detail))
@@ -115,12 +132,44 @@ class Run(ShowsView):
         each stuck rank was when it was stopped."""
         for rank in verdict.stuck:
             self.record_state(rank, RankState.FAILED, "stopped: another rank failed")
+        for rank, (stream, text, t) in self._output.finish():
+            self._store_line(rank, stream, text, t)
+        self.missing_events = self.outcome.missing()
+        if self.missing_events:
+            per_rank = ", ".join(f"rank {r}: {n:,}" for r, n in self.missing_events.items())
+            warnings.warn(
+                f"run {self.run_id} ended with events its ranks sent still missing ({per_rank}; "
+                f"no event arrived for {STREAM_GRACE_S:.0f} s, or the ranks dropped them: "
+                "see the ranks' telemetry warnings). Its views and recording lack them.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if self._tracebacks:
             if verdict.stuck:
                 stuck = f"rank(s) {', '.join(map(str, verdict.stuck))} were stuck and were stopped"
                 note = f"{stuck}; {note}" if note else stuck
             self._error = RankError(self._tracebacks, note=note, stuck=stuck_stacks)
         self._finished = True
+        callbacks, self._when_done = self._when_done, []
+        for callback in callbacks:
+            callback()
+
+    def abandon(self, why: str) -> None:
+        """End a live run whose ranks were stopped (``why``: by what): ranks that had not
+        replied fail with that reason; a run already over is left as it is."""
+        if self._finished:
+            return
+        for rank in self.outcome.pending:
+            text = f"[rank {rank}] had not finished run {self.run_id} when {why} stopped it"
+            self.record_reply(rank, Reply.DIED, text)
+        self.conclude(self.outcome.verdict(), f"ended by {why}")
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the run is over (at once if it is)."""
+        if self._finished:
+            callback()
+        else:
+            self._when_done.append(callback)
 
     # -- results and output ---------------------------------------------------------------
     @property
@@ -134,20 +183,24 @@ class Run(ShowsView):
         return self._error
 
     def logs(self, rank: int) -> list[str]:
-        """Every line rank ``rank`` wrote to stdout and stderr during this run."""
-        return [
+        """The lines rank ``rank`` wrote to stdout and stderr during this run (the first
+        and last of a long output, Note [Bounded rank output] in cluster/output.py)."""
+        stored = [
             str(e.payload.get("text", "")) for e in self.store.of_kind(schema.LOG) if e.rank == rank
         ]
+        return stored if self._finished else stored + self._output.tail(rank)
 
     def echo(self) -> None:
         """Print new rank output to the cell, labelled by rank."""
-        events = self.store.events(self._echo_cursor)
-        self._echo_cursor += len(events)
-        for e in events:
-            if e.kind == schema.LOG:
-                stream = sys.stderr if e.payload.get("stream") == "stderr" else sys.stdout
-                # The cell's own stream, not logging: this is the ranks' output itself.
-                stream.write(f"[rank {e.rank}] {e.payload.get('text', '')}\n")
+        lines, skipped = self._output.take_echo()
+        if skipped:
+            sys.stdout.write(
+                f"[… {skipped:,} line(s) of rank output not shown: more than {ECHO_LINES:,} "
+                "arrived between two refreshes; run.logs(rank) keeps the first and last]\n"
+            )
+        for rank, stream, text in lines:
+            # The cell's own stream, not logging: this is the ranks' output itself.
+            (sys.stderr if stream == "stderr" else sys.stdout).write(f"[rank {rank}] {text}\n")
 
     # -- models and views -------------------------------------------------------------
     # run.monitor, run.buckets, ...: one attribute per entry of features.FEATURES, added
@@ -188,9 +241,10 @@ class Run(ShowsView):
 
     def __repr__(self) -> str:
         status = "running" if not self._finished else ("failed" if self._error else "finished")
+        missing = sum(self.missing_events.values())
         return (
             f"Run(id={self.run_id}, {status}, world_size={self.store.info.world_size}, "
-            f"events={len(self.store)})"
+            f"events={len(self.store)}{f', missing_events={missing}' if missing else ''})"
         )
 
 

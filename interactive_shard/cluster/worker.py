@@ -76,8 +76,7 @@ def _redirect_output(out_w: Connection, err_w: Connection) -> None:
     # fd-level, so C++ output (gloo, NCCL, aborts) is captured too.
     os.dup2(out_w.fileno(), 1)
     os.dup2(err_w.fileno(), 2)
-    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", 0, closefd=False), line_buffering=True)
-    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", 0, closefd=False), line_buffering=True)
+    sys.stdout, sys.stderr = _stream(1), _stream(2)
     stacks.enable(sys.stderr)  # Note [Stuck rank stacks]
 
 
@@ -108,6 +107,8 @@ def _start(cfg: WorkerConfig) -> Any:
 
 
 def _serve(cfg: WorkerConfig, ctx: Any, conn: Connection) -> None:
+    import torch.distributed as dist
+
     emitter = ctx._emitter
     while True:
         try:
@@ -133,11 +134,34 @@ def _serve(cfg: WorkerConfig, ctx: Any, conn: Connection) -> None:
         except BaseException as exc:
             broken = _breaks_group(exc)
             reply = Failed(run_id, _format_exc(cfg.rank), interrupted=False, broken=broken)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        emitter.flush(final=True)
+        _restore_output()
+        try:
+            emitter.flush(final=True)
+        except Exception:  # the reply matters more than the last events (counted missing)
+            traceback.print_exc()
+        if isinstance(reply, Done):
+            # dist.destroy_process_group() in the function: say so, the kernel restarts.
+            reply = Done(run_id, reply.result, emitter.taken, not dist.is_initialized())
+        else:
+            reply = Failed(run_id, reply.traceback, reply.interrupted, reply.broken, emitter.taken)
         conn.send(reply)
     _shutdown(emitter)
+
+
+def _restore_output() -> None:
+    """Flush the rank's output; a stream the function closed or replaced by a closed one
+    is reopened on its pipe, so the rank lives on (and its next run prints)."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name, None)
+        try:
+            stream.flush()  # type: ignore[union-attr]
+        except Exception:  # closed (ValueError), None, or not a stream at all
+            setattr(sys, name, _stream(fd))
+
+
+def _stream(fd: int) -> io.TextIOWrapper:
+    # closefd=False: a function that closes sys.stdout leaves the pipe (fd 1) open.
+    return io.TextIOWrapper(os.fdopen(fd, "wb", 0, closefd=False), line_buffering=True)
 
 
 def _dumps_result(rank: int, result: Any) -> bytes:
@@ -151,13 +175,23 @@ def _dumps_result(rank: int, result: Any) -> bytes:
         ) from exc
 
 
-# Collective failures surface as plain RuntimeErrors from the backend's C++ code.
-_BROKEN_GROUP_SIGNS = ("Timed out", "timed out", "Connection closed by peer", "gloo/", "NCCL")
+# Collective failures surface as plain RuntimeErrors from the backend's C++ code; a
+# group the function destroyed (dist.destroy_process_group()) as a ValueError.
+_BROKEN_GROUP_SIGNS = (
+    "Timed out",
+    "timed out",
+    "Connection closed by peer",
+    "gloo/",
+    "NCCL",
+    "Default process group has not been initialized",
+)
 
 
 def _breaks_group(exc: BaseException | None) -> bool:
     import torch.distributed as dist
 
+    if not dist.is_initialized():
+        return True
     while exc is not None:
         if isinstance(exc, getattr(dist, "DistError", ())) or any(
             sign in str(exc) for sign in _BROKEN_GROUP_SIGNS

@@ -108,6 +108,7 @@ class Emitter:
         self.run = 0
         self._step = 0
         self.dropped = 0  # events that never left: see the module docstring
+        self.taken = 0  # events of the current run taken from the buffer to send (or drop)
         self._token = schema.token_field(token)
         self._max_batch = max_batch
         self._buffer: list[_Buffered] = []
@@ -195,6 +196,7 @@ class Emitter:
             self._send_locked(final=False)
             self.run = run
             self._step = 0
+            self.taken = 0
 
     def flush(self, *, final: bool = False) -> None:
         _run_flush_hooks()  # outside the lock: the hooks emit
@@ -215,6 +217,7 @@ class Emitter:
         n = len(buffer)
         events = buffer[:n]
         del buffer[:n]
+        self.taken += n  # the kernel compares it with what arrived (Note [Run outcome])
         self._send_events(events, schema.FINAL if final else 0)
 
     def _send_events(self, events: list[_Buffered], flags: int) -> None:

@@ -23,6 +23,11 @@ Algorithm:
    then are stuck (typically in a collective with the failed rank): the cluster
    kills them and restarts all ranks (``restart_on_failure``), or marks itself broken
    so the next ``run`` asks for ``restart()``.
+5. ``close()`` and ``restart()`` end a run still in progress (``Run.abandon``): its
+   ranks that had not replied fail with "ended by cluster.close()". Both hold the
+   generation until it is stopped, so an interrupted one is finished by the next call.
+   A run that destroyed the process group (``Done.group_lost``) restarts the ranks
+   before the next run.
 
 Caveats: ``ctx.state`` lives in the rank processes, so a restart empties it. A rank
 stuck in C++ code ignores interrupts; it is killed after a grace period.

@@ -164,6 +164,9 @@ class Generation:
             return
         else:  # the rank flushed before replying: its run's output is in the pipes now
             self._drain_output(rank, watched)
+            for stream, lines in rank.partial.items():  # a last line without its newline
+                for line in lines.close():
+                    self._on_output(rank.rank, stream, line)
         self._on_message(rank.rank, msg)
 
     def _read_output(
@@ -266,5 +269,7 @@ class Generation:
         pending = [r.process.sentinel for r in self.ranks]
         deadline = time.monotonic() + grace_s
         while pending and (left := deadline - time.monotonic()) > 0:
-            for done in wait(pending, timeout=left):
+            # Short waits: an interrupt delivered to another thread is only seen between
+            # them (the main thread sleeps in select until then).
+            for done in wait(pending, timeout=min(left, 0.1)):
                 pending.remove(done)

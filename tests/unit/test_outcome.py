@@ -129,3 +129,26 @@ def test_a_report_wakes_a_waiter() -> None:
         woke.wait(0.01)
     waiter.join(1)
     assert woke.is_set()
+
+
+def test_events_still_arriving_hold_the_decision_past_the_grace(clock: Clock) -> None:
+    outcome = Outcome(2, clock=clock)
+    outcome.reply(0, Reply.DONE, sent=600_000)
+    outcome.reply(1, Reply.DONE, sent=10)
+    outcome.received(1, 10)
+    outcome.stream_closed(1)
+    for _ in range(10):  # rank 0's events keep coming, 20 s after the replies
+        clock.advance(STREAM_GRACE_S / 2)
+        outcome.received(0, 50_000)
+        assert not outcome.decided()
+    clock.advance(STREAM_GRACE_S)  # then nothing for the grace: given up, and counted
+    assert outcome.decided()
+    assert outcome.missing() == {0: 100_000}
+
+
+def test_a_closed_stream_misses_nothing(clock: Clock) -> None:
+    outcome = Outcome(1, clock=clock)
+    outcome.received(0, 7)
+    outcome.stream_closed(0)
+    outcome.reply(0, Reply.DONE, sent=7)
+    assert outcome.decided() and outcome.missing() == {}

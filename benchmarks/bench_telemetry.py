@@ -21,8 +21,10 @@ fast as it can. Measured per run:
 First, in this process, what each stage costs a scalar (``_stages.py``): emit, pack
 and encode, decode, store and the monitor's update, sent as columns and as events.
 
-Then two variants, interleaved: ``monitor`` (a live ``MonitorView`` attached) and
-``counter`` (a view that only counts its ticks), to show what a live view costs.
+Then three variants, interleaved, each on the defaults users get (``echo=True``) but
+what it names: ``monitor`` (a live ``MonitorView`` attached), ``counter`` (a view that
+only counts its ticks: what a live view costs) and ``no-echo`` (the live monitor with
+``echo=False``: what echoing rank output costs the kernel, issue 22).
 
 Acceptance (issue 12): >= 1,000,000 events/s with the live monitor, and none lost.
 """
@@ -47,7 +49,7 @@ from interactive_shard.telemetry.schema import Batch
 from interactive_shard.ui import live
 
 ACCEPT_EVENTS_PER_S = 1_000_000.0
-VARIANTS = ("monitor", "counter")
+VARIANTS = ("monitor", "counter", "no-echo")
 
 
 def emit_many(ctx: Any, n: int) -> tuple[float, float, float]:
@@ -116,7 +118,8 @@ def one_run(cluster: TimedCluster, n: int, variant: str) -> dict[str, Any]:
     # build time instead of the previous run's 2N events.
     cluster.run(_noop)
     view: CountingView | TickCounter
-    if variant == "monitor":
+    cluster.echo = variant != "no-echo"
+    if variant in ("monitor", "no-echo"):
         view = CountingView(cluster)
         _ = view.widget  # built (no display needed) and registered with ui.live
         view.stamps.clear()  # the build's own draw is not a tick
@@ -206,9 +209,9 @@ def main() -> int:
     costs = stage_costs(n, args.repeats)
     print_costs(costs, n)
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-    with TimedCluster(nprocs=2, start_method="fork", threads=1, echo=False) as cluster:
+    with TimedCluster(nprocs=2, start_method="fork", threads=1) as cluster:
         for rnd in range(args.repeats):
-            order = VARIANTS if rnd % 2 == 0 else VARIANTS[::-1]
+            order = VARIANTS[rnd % 3 :] + VARIANTS[: rnd % 3]
             for name in order:
                 r = one_run(cluster, n, name)
                 results[name].append(r)
@@ -252,6 +255,10 @@ def main() -> int:
     ratio = summary["monitor"]["events_per_s"] / summary["counter"]["events_per_s"]
     summary["ratio_monitor/counter"] = ratio
     print(f"  ratio monitor/counter ingest rate: {ratio:.3f}")
+    for key in ("events_per_s", "kernel_cores"):
+        echo = summary["monitor"][key] / summary["no-echo"][key]
+        summary[f"ratio_echo/no-echo_{key}"] = echo
+        print(f"  ratio echo=True/echo=False {key}: {echo:.3f}")
     print(f"  none lost (count and per-rank sequence, every run): {none_lost}")
     max_hz = max(r["refreshes_per_s"] for rs in results.values() for r in rs)
     rate_ok = summary["monitor"]["events_per_s"] >= ACCEPT_EVENTS_PER_S

@@ -262,3 +262,35 @@ def test_echo_builds_no_event_per_columnar_scalar(monkeypatch: pytest.MonkeyPatc
         run = cluster.run(flood)
         monkeypatch.undo()
         assert run.store.scalars()[0].at.size == 200_000
+
+
+# -- what held must hold: nothing grows --------------------------------------------------
+def _footprint() -> tuple[int, int, int]:
+    import gc
+
+    gc.collect()
+    me = psutil.Process()
+    ranks = [p for p in me.children(recursive=True) if "forkserver" not in " ".join(p.cmdline())]
+    return me.num_fds(), threading.active_count(), len(ranks)
+
+
+def test_no_growth_over_200_runs_and_20_cluster_cycles(cluster: ish.Cluster) -> None:
+    cluster.run(lambda ctx: None, wait=False).wait()  # once: asyncio's loop (3 fds)
+    before = _footprint()
+    for i in range(200):
+        run = cluster.run(lambda ctx, i: print(i) or ctx.emit("n", i=i), i)
+        assert run.missing_events == {}
+    directories = []
+    for i in range(20):
+        c = ish.Cluster(2, timeout=30, echo=False)
+        directories.append(Path(c._res.rendezvous.path))
+        c.run(all_reduce_rank)
+        if i % 10 == 0:  # now and then a run still going when it closes, or a restart
+            c.restart()
+            c.run(sleep_long, wait=False)
+        c.close()
+    time.sleep(0.5)  # reaped processes' pipes and threads wind down
+    after = _footprint()
+    assert after[0] <= before[0] + 2, f"fds {before[0]} -> {after[0]}"
+    assert after[1:] == before[1:], f"threads, ranks {before[1:]} -> {after[1:]}"
+    assert not [d for d in directories if d.exists()]

@@ -294,3 +294,21 @@ def test_no_growth_over_200_runs_and_20_cluster_cycles(cluster: ish.Cluster) -> 
     assert after[0] <= before[0] + 2, f"fds {before[0]} -> {after[0]}"
     assert after[1:] == before[1:], f"threads, ranks {before[1:]} -> {after[1:]}"
     assert not [d for d in directories if d.exists()]
+
+
+def test_a_stopped_rank_is_reported_at_the_timeout() -> None:
+    with ish.Cluster(2, timeout=3, echo=False) as c:
+        pid = c.run(lambda ctx: os.getpid()).results[1]
+
+        def reduce_after_a_pause(ctx):
+            time.sleep(0.5)  # rank 1 is stopped meanwhile
+            return all_reduce_rank(ctx)
+
+        run = c.run(reduce_after_a_pause, wait=False)
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(ish.RankError) as info:
+            run.wait(timeout=15)
+        assert time.monotonic() - start < 3 + 3.5
+        assert info.value.ranks == [0] and "1" in info.value.note
+        assert c.run(all_reduce_rank).results == [3.0, 3.0]

@@ -312,3 +312,60 @@ def test_a_stopped_rank_is_reported_at_the_timeout() -> None:
         assert time.monotonic() - start < 3 + 3.5
         assert info.value.ranks == [0] and "1" in info.value.note
         assert c.run(all_reduce_rank).results == [3.0, 3.0]
+
+
+# -- more of what held ---------------------------------------------------------------------
+def test_racing_runs_from_threads_are_refused_cleanly(cluster: ish.Cluster) -> None:
+    outcomes: list[object] = []
+
+    def start() -> None:
+        try:
+            outcomes.append(cluster.run(lambda ctx: time.sleep(0.3) or ctx.rank, wait=False))
+        except RuntimeError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    runs = [o for o in outcomes if isinstance(o, ish.Run)]
+    refused = [o for o in outcomes if isinstance(o, RuntimeError)]
+    assert len(runs) >= 1 and len(runs) + len(refused) == 4
+    assert all("still in progress" in str(e) for e in refused)
+    for run in runs:
+        run.wait(timeout=10)
+    assert cluster.run(all_reduce_rank).results == [3.0, 3.0]
+
+
+def test_binary_rank_output_round_trips(cluster: ish.Cluster, tmp_path: Path) -> None:
+    def binary(ctx):
+        os.write(1, b"\x00\xff\xfe bytes \x80\n")
+        os.write(2, "ünïcode ✓\n".encode())
+
+    run = cluster.run(binary)
+    lines = run.logs(0)
+    assert lines == ["\x00\ufffd\ufffd bytes \ufffd", "ünïcode ✓"]
+    assert ish.load(run.save(tmp_path / "binary.jsonl")).logs(0) == lines
+
+
+def test_the_listener_refuses_a_port_in_use_and_a_wrong_token() -> None:
+    from interactive_shard.telemetry.channel import Emitter
+
+    with ish.Cluster(2, timeout=30, echo=False) as c:
+        port = int(c.telemetry[0].rsplit(":", 1)[1])
+        with pytest.raises(Exception, match="Address already in use"):
+            ish.listen(world_size=2, port=port)
+        listener = ish.listen(world_size=1, token="right")
+        try:
+            wrong = Emitter(listener.address, "wrong", 0)
+            wrong.emit("scalar", {"name": "x", "value": 1.0})
+            wrong.flush(final=True)
+            wrong.close()
+            deadline = time.monotonic() + 5
+            while not listener._collector.rejected:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert listener._collector.rejected_by_reason["wrong token"] >= 1  # and its BYE
+        finally:
+            listener.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-import math
 import operator
 import sys
 from collections.abc import Iterable, Sequence
@@ -297,5 +296,10 @@ class BucketCaps:
 
 def _check_mb(what: str, value: object) -> None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or value < 0:  # type: ignore[arg-type, operator]
-        raise ValueError(f"{what}={value!r}: give a size in MiB >= 0, e.g. 25 or 0.5")
+    # Finite in bytes too: int(1e308 * MIB) overflows (a hostile recording's cap). NaN
+    # fails the comparison.
+    if not number or not 0 <= value <= sys.float_info.max / MIB:  # type: ignore[operator]
+        raise ValueError(
+            f"{what}={value!r}: give a size in MiB >= 0 (under {sys.float_info.max / MIB:.3g}), "
+            "e.g. 25 or 0.5"
+        )

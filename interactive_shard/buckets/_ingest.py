@@ -129,10 +129,15 @@ class BucketEvents:
     def _decode(self, e: Event) -> Any:
         """The record of a ``bucket`` or ``ddp_iteration`` event, None if it does not fit."""
         try:
-            return msgspec.convert(e.payload, _TYPES[e.kind])
+            record = msgspec.convert(e.payload, _TYPES[e.kind])
         except (msgspec.ValidationError, TypeError) as err:
             self._skip(e, err)
             return None
+        problem = records.size_problem(record)
+        if problem is not None:  # sizes no int64 holds (a hostile event)
+            self._skip(e, f"{e.kind} event: {problem}")
+            return None
+        return record
 
     def _decode_records(self, events: list[Event]) -> list[IterationRecord | None]:
         """Records of ``ddp_iteration`` events, None where one does not fit: one msgspec

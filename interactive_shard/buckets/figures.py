@@ -31,6 +31,7 @@ from interactive_shard.buckets.segments import (
     module_groups,
     param_bytes,
 )
+from interactive_shard.ui.text import literal
 
 Spec = tuple[list[dict[str, Any]], dict[str, Any]]  # a figure's traces and layout, as dicts
 ROW_PX, MAX_HEIGHT = 26, 1400
@@ -182,8 +183,10 @@ def _delayed_bars(
     buckets: Sequence[Row],
 ) -> list[dict[str, Any]]:
     """The delayed row: module colours as in the buckets, hatched, its own hover."""
-    hook = f"the gradient hook on {row.hook}" if row.hook else "a gradient hook"
-    bucketed = {f for b in buckets for f in b.fqns}
+    # The hook's name goes in the hover text, not the template: a name is data, never
+    # a template's %{...} (nor markup: ui.text.literal).
+    hook = f"the gradient hook on {literal(row.hook)}" if row.hook else "a gradient hook"
+    bucketed = {literal(f) for b in buckets for f in b.fqns}  # as the traces' text holds them
     traces = bar_panel([row], axis, modules, set(), scale, False, every_group=False)
     for t in traces:
         t["marker"]["pattern"] = {"shape": "/", "fgcolor": "#FFFFFF", "solidity": 0.3}
@@ -192,18 +195,17 @@ def _delayed_bars(
         also = [
             " · also in a bucket (DDP did not match its name)" * (f in bucketed) for f in t["text"]
         ]
+        delayed = f"delayed: in no bucket; all-reduced in one flat buffer ({row.nbytes:,} bytes)"
         t["hovertext"] = np.array(
-            [h + a for h, a in zip(t["hovertext"], also, strict=True)], dtype=object
+            [f"{h}{a}<br>{delayed} from {hook}" for h, a in zip(t["hovertext"], also, strict=True)],
+            dtype=object,
         )
-        t["hovertemplate"] = (
-            "<b>%{text}</b><br>%{hovertext}<br>delayed: in no bucket; all-reduced in one "
-            f"flat buffer (%{{customdata[2]:,}} bytes) from {hook}<extra></extra>"
-        )
+        t["hovertemplate"] = "<b>%{text}</b><br>%{hovertext}<extra></extra>"
     return traces
 
 
 def _delayed_note(row: DelayedRow, axis: str, scale: float) -> dict[str, Any]:
-    at = f" · all-reduced at {row.hook}'s hook" if row.hook else ""
+    at = f" · all-reduced at {literal(row.hook)}'s hook" if row.hook else ""
     note = _note(f"{_fmt_bytes(row.nbytes)}{at}", row.nbytes / scale, f"x{axis}", 0, 10)
     # Beside the bar's end, at its level (data coordinates, not the paper's bottom).
     note.update(xanchor="left", xshift=4, y=row.index, yref=f"y{axis}", yanchor="middle")
@@ -242,7 +244,7 @@ def _stage(bm: BucketMap, iteration: int, what_if: Mapping[str, Any]) -> str:
 
 def _verdict(c: Comparison | None, error: str, observed: Sequence[Any]) -> str:
     if c is None:
-        return f"<span style='color:{DIFF}'>cannot plan: {error}</span>"
+        return f"<span style='color:{DIFF}'>cannot plan: {literal(error)}</span>"
     if not observed:
         return "no bucket reported for this iteration yet"
     if c.matches:

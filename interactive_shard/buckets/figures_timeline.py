@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import math
 import textwrap
 from typing import Any
@@ -19,6 +18,7 @@ from interactive_shard.buckets.figures import (
     title_at_top,
 )
 from interactive_shard.buckets.model import BucketMap
+from interactive_shard.ui.text import literal
 
 WINDOW = "rgba(86, 180, 233, 0.18)"  # backward compute, light sky blue
 HIDDEN = "#009E73"  # reduction overlapped with backward (green)
@@ -86,7 +86,7 @@ def bucket_timeline_spec(bucket_map: BucketMap, iteration: int, rank: int = 0) -
             "type": "scatter",
             "x": np.array([t * MS for _, t in tl.gradients], dtype=float),
             "y": np.full(len(tl.gradients), -1),
-            "text": np.array([f for f, _ in tl.gradients], dtype=object),
+            "text": np.array([literal(f) for f, _ in tl.gradients], dtype=object),
             "mode": "markers",
             "marker": {"symbol": "line-ns-open", "size": 12, "color": "#0072B2"},
             "name": "a parameter's gradient became ready",
@@ -177,7 +177,7 @@ def _headline(tl: Timeline) -> str:
             text += f" · end not recorded for bucket {', '.join(map(str, unknown))}"
     if tl.repeated:
         text += (
-            f"<br>ready twice (reentrant checkpoint): {', '.join(tl.repeated[:4])}"
+            f"<br>ready twice (reentrant checkpoint): {literal(', '.join(tl.repeated[:4]))}"
             f"{' …' if len(tl.repeated) > 4 else ''}; their ticks show the later arrival"
         )
     return text
@@ -201,7 +201,7 @@ def figure_health(bucket_map: BucketMap) -> go.Figure:
     for where, f in rows:
         values = (where, f.kind, ", ".join(map(str, f.ranks)), ", ".join(f.fqns), f.message)
         for col, value in zip(cols, values, strict=True):
-            col.append("<br>".join(textwrap.wrap(html.escape(value), 110)))
+            col.append("<br>".join(literal(line) for line in textwrap.wrap(value, 110)))
     if not findings:
         cols = [["–"], ["–"], ["–"], ["–"], [NO_FINDINGS]]
     fig = go.Figure(

@@ -16,6 +16,7 @@ import numpy as np
 from interactive_shard.buckets._params import as_dtype, key_fqn
 from interactive_shard.buckets.model import BucketMap
 from interactive_shard.ui.colors import PALETTE, key_color
+from interactive_shard.ui.text import literal
 
 DIFF = "#FF0000"  # pure red: not in PALETTE, so a highlight never looks like a module
 SEPARATOR = "#FFFFFF"
@@ -107,14 +108,14 @@ def bar_panel(
             size = param_bytes(shape, dtype)
             group = group_of.get(fqn, "(unknown module)")
             owner = modules.described.get(fqn, group)
-            hover = f"shape {list(shape)} · {dtype}<br>{size:,} bytes · {owner}"
+            hover = f"shape {list(shape)} · {literal(dtype)}<br>{size:,} bytes · {literal(owner)}"
             column = cols.setdefault(key_of(group), _Columns())
             for c in (column, moved) if fqn in highlight else (column,):
-                c.add(row, fqn, hover, size / scale, base / scale, size)
+                c.add(row, literal(fqn), hover, size / scale, base / scale, size)
             base += size
     traces = []
     for key, column in cols.items():
-        name = f"modules in colour {PALETTE.index(key) + 1}" if by_colour else key
+        name = f"modules in colour {PALETTE.index(key) + 1}" if by_colour else literal(key)
         colour = key if by_colour else key_color(key, groups)
         traces.append(column.bars(name, axis, colour, show_legend and bool(column.y)))
     if moved.y or every_group:
@@ -133,7 +134,7 @@ class _Columns:
     y: list[int] = field(default_factory=list)  # bucket index (numeric: no string copies)
     x: list[float] = field(default_factory=list)
     base: list[float] = field(default_factory=list)
-    fqn: list[str] = field(default_factory=list)
+    fqn: list[str] = field(default_factory=list)  # as plotly shows them (ui.text.literal)
     hover: list[str] = field(default_factory=list)
     numbers: list[tuple[int, int, int]] = field(default_factory=list)  # bytes, bucket, its bytes
 

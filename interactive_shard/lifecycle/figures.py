@@ -32,6 +32,7 @@ from interactive_shard.lifecycle.figures_strip import (
     window_rows,
 )
 from interactive_shard.lifecycle.model import PURPOSE_ORDER, LifecycleModel
+from interactive_shard.ui.text import literal
 
 __all__ = [
     "MAX_COLUMNS",
@@ -71,12 +72,12 @@ def figure_hooks(model: LifecycleModel, ddp: int | None = None, rank: int = 0) -
     counts = [hooks[f] for f in fqns]
     colors = [HOOK_COLORS.get(c, STATE_COLORS["bad"]) for c in counts]
     double = sum(1 for c in counts if c >= 2)
-    title = f"Live DDP hooks per parameter · {instance_label(inst)}"
+    title = f"Live DDP hooks per parameter · {literal(instance_label(inst))}"
     title += f" · {double} hooked twice or more" if double else " · one each"
     fig = go.Figure(
         go.Bar(
             name="hooks",
-            x=fqns,
+            x=[literal(f) for f in fqns],
             y=counts,
             marker={"color": colors},
             hovertemplate="%{x}: %{y} live DDP hook(s)<extra></extra>",

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from interactive_shard.lifecycle._table import BUFFERS, DELAYED, IterationTable
 from interactive_shard.lifecycle.model import Instance, LifecycleModel
+from interactive_shard.ui.text import literal
 
 ROWS = (
     "forwards",
@@ -129,14 +130,14 @@ def _cells(inst: Instance, row: int) -> list[tuple[str, str]]:
     buffer, delayed = (int(b) for b in t.col("sent")[row, [BUFFERS, DELAYED]])
     backward, finished = bool(t.col("backward")[row]), float(t.col("finished")[row])
     steps, dropped = int(t.col("steps")[row]), int(t.col("dropped")[row])
-    ready = ", ".join(names[int(t.col("ready")[row])]) or "none seen"
+    ready = literal(", ".join(names[int(t.col("ready")[row])]) or "none seen")
     walked = "" if np.isnan(walk) else f"; find_unused walk {walk * 1e3:.3g} ms"
     if np.isnan(finished):
         done = ("—", "no reduction expected (no_sync, or no Reducer)")
     elif finished:
         done = ("✓", "the Reducer finished its reduction")
     else:
-        waited = ", ".join(names[int(t.col("unready")[row])]) or "some parameters"
+        waited = literal(", ".join(names[int(t.col("unready")[row])]) or "some parameters")
         done = ("✗", f"unfinished: no gradient for {waited}")
     which = inst.watches[int(t.col("watch")[row])].delayed if delayed else []
     return [
@@ -152,7 +153,8 @@ def _cells(inst: Instance, row: int) -> list[tuple[str, str]]:
         ),
         (
             fmt_bytes(delayed) if delayed else "0",
-            f"{fmt_bytes(delayed)} all-reduced outside the Reducer: {', '.join(which) or 'none'}",
+            f"{fmt_bytes(delayed)} all-reduced outside the Reducer: "
+            + literal(", ".join(which) or "none"),
         ),
         (str(steps), f"{steps} optimizer step(s) inside the backward"),
         (str(dropped), f"{dropped} forward(s) whose output died without a backward"),
@@ -249,10 +251,10 @@ def lifecycle_strip(
         return EMPTY
     t, rows = inst.table, window_rows(inst, window)
     if not len(t):
-        return f"{instance_label(inst)} · rank {rank}: no iteration yet"
+        return f"{literal(instance_label(inst))} · rank {rank}: no iteration yet"
     index = t.col("index")[rows]
     n = len(index)
-    title = f"Lifecycle · {instance_label(inst)} · rank {rank} · {n} iteration(s)"
+    title = f"Lifecycle · {literal(instance_label(inst))} · rank {rank} · {n} iteration(s)"
     if not n:
         return f"{title} in {window[0]}..{window[1]} (of {len(t)})" if window else title
     if n < len(t):

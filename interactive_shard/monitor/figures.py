@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 
 from interactive_shard.monitor.model import MonitorModel
 from interactive_shard.ui.colors import rank_color
+from interactive_shard.ui.text import literal
 
 DASHES = ("solid", "dash", "dot", "dashdot")
 WEBGL_POINTS = 20_000  # more points than this in a figure: WebGL traces
@@ -50,6 +51,11 @@ def scalar_lines(model: MonitorModel, max_points: int | None = None) -> list[Lin
     ]
 
 
+def line_name(line: Line) -> str:
+    """A line's trace name (its legend entry): the scalar's name shown as itself."""
+    return f"{literal(line.name)} · rank {line.rank}"
+
+
 def title(lines: list[Line]) -> str:
     """The figure's title; says when lines are thinned (a screen shows ~2,000 points)."""
     thinned = [ln for ln in lines if len(ln.steps) < ln.total]
@@ -73,7 +79,7 @@ def figure_scalars(model: MonitorModel, max_points: int | None = None) -> go.Fig
                 x=ln.steps,
                 y=ln.values,
                 mode="lines+markers",
-                name=f"{ln.name} · rank {ln.rank}",
+                name=line_name(ln),
                 line={"color": rank_color(ln.rank), "dash": DASHES[names.index(ln.name) % 4]},
                 marker={"size": 4},
             )

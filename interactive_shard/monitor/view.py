@@ -9,7 +9,13 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from interactive_shard.cluster.state import RankState
-from interactive_shard.monitor.figures import LIVE_POINTS, figure_scalars, scalar_lines, title
+from interactive_shard.monitor.figures import (
+    LIVE_POINTS,
+    figure_scalars,
+    line_name,
+    scalar_lines,
+    title,
+)
 from interactive_shard.monitor.model import MonitorModel
 from interactive_shard.ui import live
 from interactive_shard.ui.colors import STATE_COLORS
@@ -147,7 +153,7 @@ class MonitorView(live.LazyWidget):
         """New points into the traces shown (no figure built: that cost ~1 ms a trace);
         a new line (scalar or rank) rebuilds the figure once."""
         lines = scalar_lines(model, LIVE_POINTS)
-        keys = [f"{ln.name} · rank {ln.rank}" for ln in lines]
+        keys = [line_name(ln) for ln in lines]
         with self._fig.batch_update():
             if _trace_keys(self._fig) == keys:
                 for trace, ln in zip(self._fig.data, lines, strict=True):

@@ -12,7 +12,6 @@ in the ``failure`` column. ``figures_bytes.py`` has the bytes, collectives and f
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ from interactive_shard.precision.compare import Plan, differing_phases, dtypes_o
 from interactive_shard.precision.events import PHASES, Unit
 from interactive_shard.precision.model import PrecisionModel
 from interactive_shard.ui.plain_figure import figure
+from interactive_shard.ui.text import literal
 
 __all__ = [
     "DIFF",
@@ -93,8 +93,8 @@ def _cell_text(phase: str, dtype: str, before: Sequence[str], cast: Sequence[boo
     if phase == "output" and before and dtypes_of(dtype) != list(dict.fromkeys(before)):
         changed = list(before)
     if changed:
-        return f"{short(', '.join(dict.fromkeys(changed)))}→{short(dtype)}"
-    return short(dtype)
+        return literal(f"{short(', '.join(dict.fromkeys(changed)))}→{short(dtype)}")
+    return literal(short(dtype))
 
 
 def _heatmap(
@@ -171,7 +171,8 @@ def grid_parts(
     it = iteration if iteration is not None else model.latest(rank) or 1
     if not units:
         return [], {"title": {"text": "No mixed-precision data yet"}, "height": 200}
-    rows = [(u, unit_label(u, model.depth(u.fqn, rank=rank))) for u in units]
+    # Labels are the rows' categories, as plotly shows them (ui.text.literal).
+    rows = [(u, literal(unit_label(u, model.depth(u.fqn, rank=rank)))) for u in units]
     label_of = {u.fqn: label for u, label in rows}
     observed = {u.fqn: model.observed(u.fqn, rank=rank, iteration=it) for u in units}
     planned = planned_dtypes(plan)
@@ -187,16 +188,17 @@ def grid_parts(
             texts.setdefault(u.fqn, {})[phase] = _cell_text(phase, dtype, before, cast)
         for phase in PHASES:
             seen, want = observed[u.fqn].get(phase), planned.get(u.fqn, {}).get(phase)
-            lines = [f"<b>{html.escape(label.strip())}</b> · {phase}"]
-            lines.append(f"observed: {short(seen) or '—'}")
+            lines = [f"<b>{label.strip()}</b> · {phase}"]
+            lines.append(f"observed: {literal(short(seen) or '—')}")
             if plan is not None:
-                lines.append(f"planned: {short(want) or '—'}")
+                lines.append(f"planned: {literal(short(want) or '—')}")
             if phase == "input" and inputs:
                 lines += [
-                    f"input {i}: {short(b)} → {short(a)} ({'cast' if c else 'passed through'})"
+                    literal(f"input {i}: {short(b)} → {short(a)} ")
+                    + f"({'cast' if c else 'passed through'})"
                     for i, (b, a, c) in enumerate(inputs)
                 ]
-            lines.append(html.escape(describe_policy(u.policy)))
+            lines.append(literal(describe_policy(u.policy)))
             hovers.setdefault(u.fqn, {})[phase] = "<br>".join(lines)
     failures = [f for f in model.failures if f.rank == rank and f.iteration == it]
     sides = 2 if plan is not None else 1
@@ -204,7 +206,9 @@ def grid_parts(
     data: list[dict[str, Any]] = []
     col = sides  # the observed grid: the right one
     if plan is not None:
-        planned_texts = {f: {p: short(d) for p, d in ds.items()} for f, ds in planned.items()}
+        planned_texts = {
+            f: {p: literal(short(d)) for p, d in ds.items()} for f, ds in planned.items()
+        }
         planned_cells = {f: {p: str(d) for p, d in ds.items()} for f, ds in planned.items()}
         data.append(_side(_heatmap(rows, planned_cells, planned_texts, hovers, "planned", 10), 1))
     size = 10 if plan is not None else 11
@@ -226,8 +230,10 @@ def grid_parts(
             "mode": "markers",
             "marker": {"symbol": "square-open", "size": 34, "color": DIFF, "line": {"width": 4}},
             "hovertext": [
-                f"{html.escape(f or 'root')} · {p}: planned {short(planned[f][p])}, "
-                f"observed {short(observed[f][p])}"
+                literal(
+                    f"{f or 'root'} · {p}: planned {short(planned[f][p])}, "
+                    f"observed {short(observed[f][p])}"
+                )
                 for f, p in differ
             ],
             "hoverinfo": "text",
@@ -375,9 +381,9 @@ def _failure_marks(
         "type": "scatter",
         "name": name,
         "x": [FAILURE] * len(failures),
-        "y": [label_of.get(f.unit, f.unit) for f in failures],
+        "y": [label_of.get(f.unit, literal(f.unit)) for f in failures],
         "mode": "markers+text",
-        "text": [f"in {f.consumer}" for f in failures],
+        "text": [f"in {literal(f.consumer)}" for f in failures],
         "textposition": "middle right",
         "marker": {
             "symbol": "x-open" if verb == "predicted" else "x",
@@ -385,7 +391,7 @@ def _failure_marks(
             "color": DIFF,
         },
         "hovertext": [
-            f"<b>{verb}</b> in <code>{html.escape(f.consumer)}</code>:<br>{html.escape(f.message)}"
+            f"<b>{verb}</b> in <code>{literal(f.consumer)}</code>:<br>{literal(f.message)}"
             for f in failures
         ],
         "hoverinfo": "text",

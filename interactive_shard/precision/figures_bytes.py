@@ -10,7 +10,6 @@ table.
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -29,6 +28,7 @@ from interactive_shard.precision.figures import (
     unit_label,
 )
 from interactive_shard.precision.model import PrecisionModel
+from interactive_shard.ui.text import literal
 
 __all__ = [
     "bytes_parts",
@@ -57,7 +57,8 @@ def _color(dtype: str) -> str:
 
 
 def _labels(model: PrecisionModel, rank: int) -> dict[str, str]:
-    return {u.fqn: unit_label(u, model.depth(u.fqn, rank=rank)) for u in model.units(rank)}
+    """fqn -> its unit's label, as plotly shows it (the grid's rows)."""
+    return {u.fqn: literal(unit_label(u, model.depth(u.fqn, rank=rank))) for u in model.units(rank)}
 
 
 def bytes_parts(model: PrecisionModel, *, rank: int = 0, iteration: int | None = None) -> Parts:
@@ -74,19 +75,18 @@ def bytes_parts(model: PrecisionModel, *, rank: int = 0, iteration: int | None =
     data: list[dict[str, Any]] = []
     for category, dtype in keys:
         mine = [h for h in held if (h.category, h.dtype) == (category, dtype)]
-        name = f"{category_label(category, wrapper)} · {short(dtype)}"
+        name = f"{category_label(category, wrapper)} · {literal(short(dtype))}"
         marker = {"color": _color(dtype), "pattern": {"shape": PATTERNS[category]}}
         data.append(
             {
                 "type": "bar",
                 "name": name,
                 "legendgroup": name,
-                "x": [labels.get(h.unit, h.unit) for h in mine],
+                "x": [labels.get(h.unit, literal(h.unit)) for h in mine],
                 "y": [h.nbytes for h in mine],
                 "marker": marker,
                 "hovertext": [
-                    f"{html.escape(h.unit or 'root')}: {name}<br>{fmt_bytes(h.nbytes)}"
-                    for h in mine
+                    f"{literal(h.unit or 'root')}: {name}<br>{fmt_bytes(h.nbytes)}" for h in mine
                 ],
                 "hoverinfo": "text",
                 "xaxis": "x",
@@ -159,20 +159,18 @@ def collectives_parts(
         sums: dict[tuple[str, str], int] = {}
         for c in found:
             if c.dtype == dtype:
-                key = (labels.get(c.unit, c.unit), op_of(c))
+                key = (labels.get(c.unit, literal(c.unit)), op_of(c))
                 sums[key] = sums.get(key, 0) + c.nbytes
         data.append(
             {
                 "type": "bar",
-                "name": short(dtype),
+                "name": literal(short(dtype)),
                 "x": [[u for u, _ in sums], [o for _, o in sums]],
                 "y": list(sums.values()),
                 "marker": {"color": _color(dtype)},
-                "text": [short(dtype)] * len(sums),
+                "text": [literal(short(dtype))] * len(sums),
                 "textposition": "inside",
-                "hovertext": [
-                    f"{html.escape(u)}<br>{o}: {fmt_bytes(n)}" for (u, o), n in sums.items()
-                ],
+                "hovertext": [f"{u}<br>{o}: {fmt_bytes(n)}" for (u, o), n in sums.items()],
                 "hoverinfo": "text",
             }
         )
@@ -230,7 +228,7 @@ def figure_findings(model: PrecisionModel, *, plan: Plan | None = None) -> go.Fi
             "fill": {"color": "#eeeeee"},
         },
         "cells": {
-            "values": [list(c) for c in columns],
+            "values": [[literal(v) for v in c] for c in columns],
             "align": "left",
             "font": {"color": [colors, ["#222222"] * len(rows)]},
             "height": 28,

@@ -31,6 +31,7 @@ from interactive_shard.precision.figures_bytes import bytes_parts, collectives_p
 from interactive_shard.precision.model import PrecisionModel
 from interactive_shard.ui import live
 from interactive_shard.ui.controls import Panels, swap_figure
+from interactive_shard.ui.text import literal
 
 __all__ = ["PrecisionView", "report_figures"]
 
@@ -213,7 +214,8 @@ class PrecisionView(Panels, live.LazyWidget):
         """A click on a row of the grid selects its unit."""
         if not points.point_inds or not points.ys:
             return
-        by_label = {_label(self.model, u, self.rank): u.fqn for u in self.model.units(self.rank)}
+        units = self.model.units(self.rank)
+        by_label = {literal(_label(self.model, u, self.rank)): u.fqn for u in units}  # as drawn
         fqn = by_label.get(points.ys[0])
         if fqn is not None:
             self.select_unit(fqn)

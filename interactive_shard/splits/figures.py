@@ -11,7 +11,6 @@ buckets; ``report_figures`` is the report's section.
 
 from __future__ import annotations
 
-import html
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +35,7 @@ from interactive_shard.splits.figures_lanes import (
 from interactive_shard.splits.model import SplitsModel
 from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, SplitPlanError, plan_graph
 from interactive_shard.ui.colors import PALETTE
+from interactive_shard.ui.text import literal
 
 __all__ = [
     "figure_cap_sweep",
@@ -150,7 +150,7 @@ def compare_figure(
                 )
             )
     if error is not None:
-        verdict = f"<span style='color:{DIFF}'>cannot plan: {html.escape(error)}</span>"
+        verdict = f"<span style='color:{DIFF}'>cannot plan: {literal(error)}</span>"
         lines: list[str] = []
     else:
         assert planned is not None
@@ -175,7 +175,7 @@ def compare_figure(
     shown = [] if what_if else lines[:4]
     if shown:
         more = f"<br>… {len(lines) - len(shown)} more" if len(lines) > len(shown) else ""
-        text = "<br>".join(html.escape(textwrap.shorten(line, 140)) for line in shown) + more
+        text = "<br>".join(literal(textwrap.shorten(line, 140)) for line in shown) + more
         notes.append(
             {
                 "text": text,
@@ -221,8 +221,8 @@ def _bars(
         )
         regions = "; ".join(r.describe() for r in p.regions) or "none"
         hover.append(
-            f"{hover_partition(p)}<br>{len(p.calls)} calls: {html.escape(calls)}<br>regions: "
-            f"{html.escape(regions)}"
+            f"{hover_partition(p)}<br>{len(p.calls)} calls: {literal(calls)}<br>regions: "
+            f"{literal(regions)}"
         )
     return dict(
         type="bar",
@@ -232,7 +232,7 @@ def _bars(
         y=[p.index for p in parts],
         xaxis=f"x{axis}",
         yaxis=f"y{axis}",
-        text=[f"{p.name} · {len(p.calls)} calls · {len(p.fqns)} params" for p in parts],
+        text=[f"{literal(p.name)} · {len(p.calls)} calls · {len(p.fqns)} params" for p in parts],
         textposition="inside",
         insidetextanchor="start",
         hovertext=hover,
@@ -359,7 +359,7 @@ def figure_versus_runtime(model: SplitsModel, rank: int = 0) -> go.Figure:
             "values": ["<b>compile time (DDPOptimizer) vs run time (DDP buckets)</b>"],
             "align": "left",
         },
-        cells={"values": [[html.escape(line) for line in lines]], "align": "left", "height": 24},
+        cells={"values": [[literal(line) for line in lines]], "align": "left", "height": 24},
     )
     layout = dict(
         title=title_at_top(

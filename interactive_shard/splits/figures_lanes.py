@@ -11,7 +11,6 @@ of the partitions a region spans chain them into one band (``bands``).
 
 from __future__ import annotations
 
-import html
 import math
 import textwrap
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from interactive_shard.splits.model import SplitsModel
 from interactive_shard.splits.plan import MIB
 from interactive_shard.ui.colors import key_color
 from interactive_shard.ui.plain_figure import figure
+from interactive_shard.ui.text import literal
 
 DIFF = "#FF0000"  # pure red: not in PALETTE (as the bucket map's differences)
 CALL_COLOR = "#444444"
@@ -158,8 +158,8 @@ def pick(model: SplitsModel, rank: int, index: int) -> SplitCompile | None:
 def hover_partition(p: Partition) -> str:
     fqns = p.fqns[:MAX_HOVER_FQNS]
     more = len(p.fqns) - len(fqns)
-    listed = "<br>  ".join(html.escape(f) for f in fqns) + (f"<br>  … {more} more" if more else "")
-    return f"<b>{html.escape(p.name)}</b>: {len(p.fqns)} parameter(s), {fmt_bytes(p.nbytes)}" + (
+    listed = "<br>  ".join(literal(f) for f in fqns) + (f"<br>  … {more} more" if more else "")
+    return f"<b>{literal(p.name)}</b>: {len(p.fqns)} parameter(s), {fmt_bytes(p.nbytes)}" + (
         f"<br>  {listed}" if fqns else ""
     )
 
@@ -190,23 +190,21 @@ def lanes_figure(comp: SplitCompile, *, rank: int = 0, selected: int | None = No
         about = hover_partition(p)
         for j, c in enumerate(p.calls):
             row, s = first + j, c.state
-            hover = (
-                f"<b>{html.escape(c.target)}</b> ({c.op})<br>node {html.escape(c.name)}<br>{about}"
-            )
+            hover = f"<b>{literal(c.target)}</b> ({c.op})<br>node {literal(c.name)}<br>{about}"
             if s is None:
                 col = plain
-                text = short_target(c) if (row % step == 0) else ""
+                text = literal(short_target(c)) if (row % step == 0) else ""
             elif s.call == "exit_autocast":
                 col = exits
                 label = open_labels.get(f"{lane}:{s.enter}", "autocast")
                 col["color"].append(key_color(label, labels))
-                text = f"end {label}" if step < 3 or row % step == 0 else ""
+                text = f"end {literal(label)}" if step < 3 or row % step == 0 else ""
             else:
                 col = enters
                 label = region_label(c) or "?"
                 open_labels[f"{lane}:{c.name}"] = label
                 col["color"].append(key_color(label, labels))
-                text = label if step < 3 or row % step == 0 else ""
+                text = literal(label) if step < 3 or row % step == 0 else ""
             col["x"].append(lane + MARKER_DX)
             col["y"].append(row)
             col["text"].append(text)
@@ -272,7 +270,7 @@ def lanes_figure(comp: SplitCompile, *, rank: int = 0, selected: int | None = No
 def _lane_ticks(parts: Sequence[Partition]) -> dict[str, Any]:
     """Lane headers: name and bytes, or (many lanes) every n-th lane's number."""
     if len(parts) <= MAX_NAMED_LANES:
-        text = [f"{html.escape(p.name)}<br>{fmt_bytes(p.nbytes)}" for p in parts]
+        text = [f"{literal(p.name)}<br>{fmt_bytes(p.nbytes)}" for p in parts]
         return {"tickmode": "array", "tickvals": list(range(len(parts))), "ticktext": text}
     every = math.ceil(len(parts) / MAX_NAMED_LANES)
     shown = list(range(0, len(parts), every))
@@ -303,7 +301,7 @@ def _lanes_title(comp: SplitCompile, rank: int) -> str:
     )
     return (
         f"<b>Graph splits · rank {rank} · compile {comp.index}</b> · backend "
-        f"{html.escape(comp.backend)}<br>{shape} · cap {fmt_bytes(comp.bucket_bytes_cap)}, first "
+        f"{literal(comp.backend)}<br>{shape} · cap {fmt_bytes(comp.bucket_bytes_cap)}, first "
         f"bucket {fmt_bytes(comp.first_bucket_bytes)} · compiled in {comp.compile_s:.3g} s"
         "<br><span style='font-size:11px'>bands: autocast and grad-mode regions · ▶ the partition "
         "enters a region, ◀ leaves it (split_module copies both into every partition)</span>"
@@ -333,7 +331,7 @@ def _markers(
 def _legend_swatch(label: str, color: str) -> dict[str, Any]:
     return dict(
         type="scatter",
-        name=f"region: {label}",
+        name=f"region: {literal(label)}",
         x=[None],
         y=[None],
         mode="markers",
@@ -351,7 +349,7 @@ def figure_nothing(model: SplitsModel, rank: int = 0) -> go.Figure:
         text = "Waiting for <code>ish.watch(torch.compile(ddp))</code> and a first forward."
     else:
         head = "Nothing compiled"
-        text = "<br>".join(html.escape(line) for line in textwrap.wrap(reason, 100))
+        text = "<br>".join(literal(line) for line in textwrap.wrap(reason, 100))
     layout = dict(
         title=title_at_top(f"<b>{head} · rank {rank}</b>"),
         height=220,

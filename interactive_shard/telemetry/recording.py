@@ -40,6 +40,7 @@ from typing import Any
 
 import msgspec
 
+from interactive_shard._files import written
 from interactive_shard.telemetry._gc import paused
 from interactive_shard.telemetry._recording_checks import (
     FORMAT,
@@ -82,16 +83,12 @@ def save(store: RunStore, path: str | os.PathLike[str], results: list[Any] | Non
     path.parent.mkdir(parents=True, exist_ok=True)
     header = _header_line(store.info, results, path)
     world_size = store.info.world_size
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with tmp.open("wb") as f, paused():  # Note [Pausing the collector's GC]
-            f.write(header)
-            for index, event in enumerate(store.events()):
-                f.write(_event_line(event, index, world_size, path))
-        tmp.replace(path)  # never leave a half-written recording under the real name
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # nor a half-written one beside it
-        raise
+    # Never a half-written recording under the real name, nor one beside it
+    # (Note [Writing a file whole] in _files.py).
+    with written(path) as f, paused():  # Note [Pausing the collector's GC]
+        f.write(header)
+        for index, event in enumerate(store.events()):
+            f.write(_event_line(event, index, world_size, path))
     return path
 
 

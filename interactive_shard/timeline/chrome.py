@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from interactive_shard._files import write_bytes
+
 if TYPE_CHECKING:
     from interactive_shard.timeline.model import TimelineSpan
 
@@ -110,8 +112,7 @@ def write_chrome_trace(path: str | pathlib.Path, trace: Mapping[str, Any]) -> pa
         )
     # msgspec writes a long run's trace ~10x faster than json.dumps (a NaN or infinity
     # in a span's detail becomes null: JSON has neither).
-    out.write_bytes(msgspec.json.encode(trace))
-    return out
+    return write_bytes(out, msgspec.json.encode(trace))  # whole or not at all
 
 
 def read_chrome_trace(path: str | pathlib.Path) -> list[dict[str, Any]]:

@@ -13,7 +13,6 @@ arrivals; ``report_figures`` is the report's section.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ from interactive_shard.timeline.figures_lanes import (
 )
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
 from interactive_shard.ui.plain_figure import figure
+from interactive_shard.ui.text import literal
 
 Spec = tuple[list[dict[str, Any]], dict[str, Any]]  # a figure's traces and layout
 
@@ -158,7 +158,7 @@ def timeline_spec(
         origin = model.origin
     window = window_trace(model, lanes, iterations, origin)
     traces = [*([window] if window is not None else []), *span_traces(lanes, origin)]
-    named = f" · {html.escape(label)}" if label else ""
+    named = f" · {literal(label)}" if label else ""
     head = f"Timeline{named} · {_which(model, iteration)}"
     if len(chosen) == 1:
         words = overlap_text(model, chosen[0], iteration, iterations[chosen[0]])
@@ -219,7 +219,7 @@ def figure_side_by_side(
     titles = []
     for label, m, it, lanes in parts:
         what = overlap_text(m, rank, it) if it is not None and lanes.spans else "no spans yet"
-        titles.append(f"{html.escape(label)} · iteration {it or '—'} · {what}")
+        titles.append(f"{literal(label)} · iteration {it or '—'} · {what}")
     rows = [max(len(lanes.labels), 1) for *_, lanes in parts]
     fig = make_subplots(
         rows=2,

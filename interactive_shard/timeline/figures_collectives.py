@@ -9,7 +9,6 @@ waited for it.
 
 from __future__ import annotations
 
-import html
 import math
 from typing import Any
 
@@ -21,6 +20,7 @@ from interactive_shard.timeline.figures_lanes import every_nth, fmt_bytes, fmt_m
 from interactive_shard.timeline.model import TimelineModel
 from interactive_shard.ui.colors import rank_color
 from interactive_shard.ui.plain_figure import figure
+from interactive_shard.ui.text import literal
 
 __all__ = ["collectives_spec", "figure_collectives", "figure_overlap", "overlap_spec"]
 
@@ -98,7 +98,7 @@ def collectives_spec(model: TimelineModel, iteration: int | None = None) -> Spec
     found = model.collectives(it) if it is not None else []
     if not found:
         return [], {"title": {"text": "No collectives matched across ranks yet"}, "height": 200}
-    labels = [f"{c.index}: {c.op} {fmt_bytes(float(c.nbytes))}" for c in found]
+    labels = [f"{c.index}: {literal(c.op)} {fmt_bytes(float(c.nbytes))}" for c in found]
     per_rank: dict[int, dict[str, list[Any]]] = {}
     ring: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
     for label, c in zip(labels, found, strict=True):
@@ -109,8 +109,8 @@ def collectives_spec(model: TimelineModel, iteration: int | None = None) -> Spec
         for r, start in sorted(starts.items()):
             lag = (start - first) * 1e3
             text = (
-                f"<b>{html.escape(c.op)}</b> #{c.index} · {fmt_bytes(float(c.nbytes))} · group "
-                f"{html.escape(str(c.group))}<br>rank {r} arrived {lag:.3f} ms after the first"
+                f"<b>{literal(c.op)}</b> #{c.index} · {fmt_bytes(float(c.nbytes))} · group "
+                f"{literal(c.group)}<br>rank {r} arrived {lag:.3f} ms after the first"
                 f"<br>waited {fmt_ms(waited.get(r, 0.0))} for the last"
                 + (f" · took {fmt_ms(ends[r] - start)}" if r in ends else "")
                 + (" · <b>straggler</b>" if r == late else "")

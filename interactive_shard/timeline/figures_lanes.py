@@ -9,7 +9,6 @@ origin) and instants (markers); ``window_trace`` shades the backward phase behin
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ import numpy as np
 
 from interactive_shard.timeline.events import KINDS
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
+from interactive_shard.ui.text import literal
 
 __all__ = [
     "KIND_COLORS",
@@ -145,7 +145,7 @@ def hover(s: TimelineSpan, origin: float) -> str:
     collective's op, bytes, dtype and group; any other detail as ``key=value``."""
     start = (s.start - origin) * 1e3
     lines = [
-        f"<b>{html.escape(s.name) or 'root'}</b> · {s.kind}",
+        f"<b>{literal(s.name) or 'root'}</b> · {s.kind}",
         f"rank {s.rank} · iteration {s.iteration}",
         f"start {start:.3f} ms · {s.duration * 1e3:.3f} ms"
         if s.end > s.start
@@ -155,13 +155,13 @@ def hover(s: TimelineSpan, origin: float) -> str:
     if s.kind == "collective":
         op, nbytes = d.pop("op", s.name), d.pop("nbytes", 0)
         dtype, group, size = d.pop("dtype", ""), d.pop("group", "?"), d.pop("group_size", "?")
-        nb = fmt_bytes(float(nbytes)) if isinstance(nbytes, int | float) else str(nbytes)
-        lines.append(f"{html.escape(str(op))} · {nb} · {html.escape(str(dtype))}")
-        lines.append(f"group {html.escape(str(group))} ({size} ranks)")
+        nb = fmt_bytes(float(nbytes)) if isinstance(nbytes, int | float) else literal(nbytes)
+        lines.append(f"{literal(op)} · {nb} · {literal(dtype)}")
+        lines.append(f"group {literal(group)} ({literal(size)} ranks)")
         if d.pop("backward", False):
             lines.append("issued during backward")
     if d:
-        lines.append(html.escape(", ".join(f"{k}={v}" for k, v in d.items())))
+        lines.append(literal(", ".join(f"{k}={v}" for k, v in d.items())))
     return "<br>".join(lines)
 
 

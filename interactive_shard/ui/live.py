@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from interactive_shard.ui import fallback
+from interactive_shard.ui import failure, fallback
 
 if TYPE_CHECKING:
     from interactive_shard.telemetry.store import RunStore
@@ -81,7 +81,11 @@ class LazyWidget(ShowsView):
     @property
     def widget(self) -> Any:
         if self._widget is None:
-            self._build()
+            try:
+                self._build()
+                failed = False
+            except Exception as err:  # one view's failure costs its own widget only
+                self._widget, failed = failure.widget(self, err), True
             # Read again: _build set it (a type checker keeps the `is None` above).
             built: Any = self._widget
             # ui.live holds views weakly; the widget (kept by the kernel while shown)
@@ -91,7 +95,8 @@ class LazyWidget(ShowsView):
             # its bundle carries a summary and a figure for front ends with no widget
             # manager. An instance attribute, as ipywidgets' own close() sets it to None.
             built._repr_mimebundle_ = functools.partial(fallback.bundle, self, built)
-            register(self)
+            if not failed:  # a failed one has nothing to redraw
+                register(self)
         return self._widget
 
 
@@ -177,8 +182,9 @@ def tick(*, force: bool = False) -> None:
             continue
         try:
             view.refresh()
-        except Exception:  # a broken view must not break the run
-            log.exception("refreshing %r failed", view)
+        except Exception as err:  # a broken view must not break the run, nor the others
+            _views.discard(view)  # its state is suspect: it says why instead of redrawing
+            failure.replace(view, err)
 
 
 def keep_polling(poll: Callable[[], bool]) -> None:

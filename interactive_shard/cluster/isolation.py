@@ -77,11 +77,51 @@ _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 
 
 # -- kernel side -----------------------------------------------------------------------------
+_RENDEZVOUS_PREFIX = "ish-rendezvous-"
+
+
+def sweep_stale_rendezvous() -> list[str]:
+    """Remove the rendezvous directories (ours) of kernels that died without closing
+    their cluster (killed with SIGKILL, a notebook's kernel restart); returns them.
+
+    A directory is stale when the kernel whose pid it is named for is gone. A pid
+    reused since by another process keeps its directory until that one ends: harmless.
+    """
+    removed = []
+    root = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            pid = name[len(_RENDEZVOUS_PREFIX) :].partition("-")[0]
+            if not (name.startswith(_RENDEZVOUS_PREFIX) and pid.isdigit()):
+                continue
+            path = os.path.join(root, name)
+            try:
+                if os.lstat(path).st_uid != os.getuid() or _alive(int(pid)):
+                    continue
+            except OSError:
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class Rendezvous:
     """A private directory holding one ``FileStore`` file per generation of ranks."""
 
     def __init__(self) -> None:
-        self.path = tempfile.mkdtemp(prefix="ish-rendezvous-")  # mode 0700, ours
+        sweep_stale_rendezvous()
+        # mode 0700, ours; named for this kernel, so a later one can tell it is stale
+        self.path = tempfile.mkdtemp(prefix=f"{_RENDEZVOUS_PREFIX}{os.getpid()}-")
 
     def store_file(self, generation: int) -> str:
         """The file of a new generation; earlier generations' files go (all stopped)."""

@@ -369,3 +369,23 @@ def test_the_listener_refuses_a_port_in_use_and_a_wrong_token() -> None:
             assert listener._collector.rejected_by_reason["wrong token"] >= 1  # and its BYE
         finally:
             listener.close()
+
+
+def test_a_killed_kernels_rendezvous_directory_is_swept_by_the_next(tmp_path: Path) -> None:
+    import subprocess
+
+    script = (
+        "import sys, time, interactive_shard as ish\n"
+        "c = ish.Cluster(2, timeout=30, echo=False)\n"
+        "print(c._res.rendezvous.path, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert kernel.stdout is not None
+    left = Path(kernel.stdout.readline().strip())
+    assert left.is_dir()
+    kernel.kill()
+    kernel.wait()
+    with ish.Cluster(2, timeout=30, echo=False) as c:
+        assert not left.exists()
+        assert Path(c._res.rendezvous.path).is_dir()

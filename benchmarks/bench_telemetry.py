@@ -130,7 +130,8 @@ def one_run(cluster: TimedCluster, n: int, variant: str) -> dict[str, Any]:
     cluster.reset(2 * n)
     wall, cpu = time.monotonic(), time.process_time()
     run = cluster.run(emit_many, n)  # its wait loop calls live.tick()
-    kernel_cpu = (time.process_time() - cpu) / (time.monotonic() - wall)
+    kernel_s = time.process_time() - cpu
+    kernel_cpu = kernel_s / (time.monotonic() - wall)
     t_all = cluster.t_all
     if t_all is None:
         raise AssertionError(f"store got {cluster.arrived} of {2 * n} events from the channel")
@@ -156,6 +157,7 @@ def one_run(cluster: TimedCluster, n: int, variant: str) -> dict[str, Any]:
         "emit_us": statistics.mean((t1 - t0) / n * 1e6 for t0, t1, _ in times),
         "rank_cpu_us": statistics.mean(c / n * 1e6 for _, _, c in times),
         "kernel_cores": kernel_cpu,  # the kernel's CPU seconds per second of the run
+        "kernel_us": kernel_s / (2 * n) * 1e6,  # the kernel's CPU per event, all included
         "stored": len(scalars),
         "per_rank": counts,
         "complete": complete,
@@ -185,7 +187,8 @@ def _line(name: str, r: dict[str, Any]) -> str:
     s = (
         f"{name:<8} {r['events_per_s']:>10,.0f} ev/s  {r['elapsed_s']:.3f} s  "
         f"emit {r['emit_us']:.2f} us/ev (rank CPU {r['rank_cpu_us']:.2f})  "
-        f"kernel {r['kernel_cores']:.2f} cores  stored {r['stored']} {r['per_rank']} "
+        f"kernel {r['kernel_cores']:.2f} cores ({r['kernel_us']:.2f} us/ev)  "
+        f"stored {r['stored']} {r['per_rank']} "
         f"{'complete' if r['complete'] else 'LOST/OUT OF ORDER'}  "
         f"refreshes {r['refreshes_per_s']:.1f}/s (min gap {_ms(r['min_gap_ms'])})"
     )
@@ -230,6 +233,7 @@ def main() -> int:
         "emit_us",
         "rank_cpu_us",
         "kernel_cores",
+        "kernel_us",
         "refreshes_per_s",
         "refresh_ms",
     )
@@ -249,13 +253,14 @@ def main() -> int:
         each = f", {m['refresh_ms']:.0f} ms each" if "refresh_ms" in m else ""
         print(
             f"  {name:<8} {m['events_per_s']:>10,.0f} ev/s  emit {m['emit_us']:.2f} us/ev  "
-            f"(rank CPU {m['rank_cpu_us']:.2f})  kernel {m['kernel_cores']:.2f} cores  "
+            f"(rank CPU {m['rank_cpu_us']:.2f})  kernel {m['kernel_cores']:.2f} cores "
+            f"({m['kernel_us']:.2f} us/ev)  "
             f"refreshes {m['refreshes_per_s']:.1f}/s{each}, shortest gap {_ms(m['min_gap_ms'])}"
         )
     ratio = summary["monitor"]["events_per_s"] / summary["counter"]["events_per_s"]
     summary["ratio_monitor/counter"] = ratio
     print(f"  ratio monitor/counter ingest rate: {ratio:.3f}")
-    for key in ("events_per_s", "kernel_cores"):
+    for key in ("events_per_s", "kernel_us"):
         echo = summary["monitor"][key] / summary["no-echo"][key]
         summary[f"ratio_echo/no-echo_{key}"] = echo
         print(f"  ratio echo=True/echo=False {key}: {echo:.3f}")

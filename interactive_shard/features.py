@@ -95,7 +95,7 @@ FEATURES: tuple[Feature, ...] = (
         view="interactive_shard.monitor.view:MonitorView",
         summary="interactive_shard.monitor.summary:summary",
         figures="interactive_shard.monitor.figures:report_figures",
-        events="interactive_shard.cluster.events:EVENTS",
+        events="interactive_shard.telemetry.run_events:EVENTS",
         always=True,
     ),
     Feature(

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from plotly.offline import get_plotlyjs
 
-from interactive_shard._files import write_text
 from interactive_shard.features import FEATURES
+from interactive_shard.telemetry.files import write_text
 from interactive_shard.ui import failure
 
 if TYPE_CHECKING:

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from interactive_shard import features
 from interactive_shard.buckets import analysis
 from interactive_shard.buckets._health import Health
 from interactive_shard.buckets._ingest import BucketEvents
@@ -324,10 +323,6 @@ class BucketMap(BucketEvents, ShowsView):
         seen_set = set(seen)
         missing = [f for f in info.fqns if f not in seen_set]
         return seen + missing
-
-    # -- display -------------------------------------------------------------------------------
-    def _view(self) -> Any:
-        return features.feature_of_model(self).view_of(self)
 
     def __repr__(self) -> str:
         its = self.iterations

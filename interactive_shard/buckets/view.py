@@ -20,7 +20,6 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from interactive_shard.buckets._redraw import Redrawn
 from interactive_shard.buckets.analysis import grouped, span
 from interactive_shard.buckets.figures import bucket_map_spec, figure_bucket_map
 from interactive_shard.buckets.figures_timeline import (
@@ -32,6 +31,7 @@ from interactive_shard.buckets.figures_timeline import (
 from interactive_shard.buckets.model import BucketMap
 from interactive_shard.ui import live
 from interactive_shard.ui.controls import CAP_STEP, clamp_log2, log2_grid
+from interactive_shard.ui.redraw import Redrawn
 
 __all__ = [
     "BucketMapView",

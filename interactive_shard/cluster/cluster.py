@@ -61,11 +61,11 @@ from interactive_shard.cluster.output import (
 )
 from interactive_shard.cluster.procs import Generation, describe_exit
 from interactive_shard.cluster.run import Run
-from interactive_shard.cluster.state import RankState
 from interactive_shard.cluster.worker import WorkerConfig
 from interactive_shard.probing.compat import device as compat_device
 from interactive_shard.telemetry import schema
 from interactive_shard.telemetry.channel import Collector
+from interactive_shard.telemetry.rank_state import RankState
 from interactive_shard.telemetry.schema import Batch
 from interactive_shard.telemetry.store import RunInfo, RunStore
 from interactive_shard.ui import live

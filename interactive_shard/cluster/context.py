@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from interactive_shard.cluster import events
+from interactive_shard.telemetry import run_events as events
 from interactive_shard.telemetry.channel import Emitter
 
 

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 from interactive_shard import features
 from interactive_shard.cluster.errors import RankError
-from interactive_shard.cluster.events import Log, State, payload
 from interactive_shard.cluster.outcome import STREAM_GRACE_S, Outcome, Reply, Verdict
 from interactive_shard.cluster.output import ECHO_LINES, RunOutput, cut
-from interactive_shard.cluster.state import RankState
 from interactive_shard.telemetry import recording, schema
+from interactive_shard.telemetry.rank_state import RankState
+from interactive_shard.telemetry.run_events import Log, State, payload
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.ui import live
 from interactive_shard.ui.live import ShowsView

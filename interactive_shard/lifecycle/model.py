@@ -29,7 +29,6 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from interactive_shard import features
 from interactive_shard.lifecycle._instance import SETTINGS as SETTINGS
 from interactive_shard.lifecycle._instance import Finding as Finding
 from interactive_shard.lifecycle._instance import Instance as Instance
@@ -315,8 +314,6 @@ class LifecycleModel(ShowsView):
         return [*self._checks, *self._advice[1]]
 
     # -- plumbing ----------------------------------------------------------------------------
-    def _view(self) -> Any:
-        return features.feature_of_model(self).view_of(self)
 
     def __repr__(self) -> str:
         insts = self.instances

@@ -2,7 +2,7 @@
 
 Derived from a RunStore incrementally (a cursor over its append-only events), so it
 serves a live run and a loaded recording alike. Payloads are decoded with their
-Structs (``cluster/events.py``). No widgets here.
+Structs (``telemetry/run_events.py``). No widgets here.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from interactive_shard.cluster.events import Log, Progress, Scalar, State
-from interactive_shard.cluster.state import RankState
 from interactive_shard.telemetry.consume import Cursor
+from interactive_shard.telemetry.rank_state import RankState
+from interactive_shard.telemetry.run_events import Log, Progress, Scalar, State
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore, ScalarColumns
 

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Protocol
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from interactive_shard.cluster.state import RankState
 from interactive_shard.monitor.figures import (
     LIVE_POINTS,
     figure_scalars,
@@ -17,6 +16,7 @@ from interactive_shard.monitor.figures import (
     title,
 )
 from interactive_shard.monitor.model import MonitorModel
+from interactive_shard.telemetry.rank_state import RankState
 from interactive_shard.ui import live
 from interactive_shard.ui.colors import STATE_COLORS
 

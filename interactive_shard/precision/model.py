@@ -19,7 +19,6 @@ from typing import Any
 
 import msgspec
 
-from interactive_shard import features
 from interactive_shard.precision import analysis
 from interactive_shard.precision._batches import Batches, Iteration, Stream
 from interactive_shard.precision._findings import Findings
@@ -422,9 +421,6 @@ class PrecisionModel(ShowsView):
     def _rank(self, rank: int) -> _Rank:
         self.update()
         return self._ranks.get(rank, _EMPTY)
-
-    def _view(self) -> Any:
-        return features.feature_of_model(self).view_of(self)
 
     def __repr__(self) -> str:
         return (

@@ -235,9 +235,6 @@ class SplitsModel(ShowsView):
         self._versus = (key, lines)
         return list(lines)
 
-    def _view(self) -> Any:
-        return features.feature_of_model(self).view_of(self)
-
 
 def _compare_rank(
     rank: int,

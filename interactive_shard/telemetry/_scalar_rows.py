@@ -99,7 +99,7 @@ class ScalarRows:
 
 
 class _Scalar(msgspec.Struct, kw_only=True, frozen=True):
-    """The fields of ``cluster.events.Scalar`` (a test keeps the two alike)."""
+    """The fields of ``run_events.Scalar`` (a test keeps the two alike)."""
 
     name: str = "value"
     value: float

@@ -40,7 +40,6 @@ from typing import Any
 
 import msgspec
 
-from interactive_shard._files import written
 from interactive_shard.telemetry._gc import paused
 from interactive_shard.telemetry._recording_checks import (
     FORMAT,
@@ -52,6 +51,7 @@ from interactive_shard.telemetry._recording_checks import (
     short,
     validate_header,
 )
+from interactive_shard.telemetry.files import written
 from interactive_shard.telemetry.schema import (
     MAX_PAYLOAD_DEPTH,
     SCHEMA_VERSION,
@@ -84,7 +84,7 @@ def save(store: RunStore, path: str | os.PathLike[str], results: list[Any] | Non
     header = _header_line(store.info, results, path)
     world_size = store.info.world_size
     # Never a half-written recording under the real name, nor one beside it
-    # (Note [Writing a file whole] in _files.py).
+    # (Note [Writing a file whole] in files.py).
     with written(path) as f, paused():  # Note [Pausing the collector's GC]
         f.write(header)
         for index, event in enumerate(store.events()):

@@ -43,12 +43,12 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_TOKEN_BYTES = 64
 
 # Built-in event kinds: every run has them (the cluster emits them, the monitor reads
-# them). Their payloads are the Structs of cluster/events.py, which take these names as
+# them). Their payloads are the Structs of telemetry/run_events.py, which take these names as
 # their KIND. Features add their own kinds (e.g. "bucket").
-LOG = "log"  # cluster.events.Log: one line of a rank's stdout / stderr
-SCALAR = "scalar"  # cluster.events.Scalar: a number at a step
-PROGRESS = "progress"  # cluster.events.Progress: a step of ctx.steps(total) begins
-STATE = "state"  # cluster.events.State: a rank's state changed
+LOG = "log"  # run_events.Log: one line of a rank's stdout / stderr
+SCALAR = "scalar"  # run_events.Scalar: a number at a step
+PROGRESS = "progress"  # run_events.Progress: a step of ctx.steps(total) begins
+STATE = "state"  # run_events.State: a rank's state changed
 
 _RANK = operator.attrgetter("rank")
 _PLAIN_SCALARS = (str, int, float, bool, type(None))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from interactive_shard._files import write_bytes
+from interactive_shard.telemetry.files import write_bytes
 
 if TYPE_CHECKING:
     from interactive_shard.timeline.model import TimelineSpan

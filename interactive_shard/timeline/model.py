@@ -365,9 +365,6 @@ class TimelineModel(ShowsView):
         view = features.feature_of_model(self).view  # the view module, as display loads it
         return features.load(view.replace(":TimelineView", ":versus"))(self, other, labels)
 
-    def _view(self) -> Any:
-        return features.feature_of_model(self).view_of(self)
-
     def __repr__(self) -> str:
         self.update()
         spans = sum(r.spans for r in self._index.ranks.values())

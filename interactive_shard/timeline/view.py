@@ -18,7 +18,6 @@ from typing import Any, Literal
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from interactive_shard.buckets._redraw import Redrawn
 from interactive_shard.timeline.figures import (
     Spec,
     backward_order,
@@ -32,6 +31,7 @@ from interactive_shard.timeline.figures_lanes import KIND_COLORS
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
 from interactive_shard.ui import live
 from interactive_shard.ui.controls import Panels
+from interactive_shard.ui.redraw import Redrawn
 
 __all__ = ["TimelineView", "report_figures", "versus"]
 

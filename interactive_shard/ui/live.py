@@ -38,7 +38,11 @@ class ShowsView:
     view's widget, whose mime bundle carries the static fallbacks (see ``widget``)."""
 
     def _view(self) -> LazyWidget:
-        raise NotImplementedError
+        """A feature's model (``run.buckets``) shows its feature's view; others say."""
+        from interactive_shard import features  # names its parts by string: no circle
+
+        view: LazyWidget = features.feature_of_model(self).view_of(self)
+        return view
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

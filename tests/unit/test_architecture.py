@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from interactive_shard import features
+
 PACKAGE = Path(__file__).resolve().parents[2] / "interactive_shard"
 
 
@@ -108,6 +110,44 @@ def test_no_import_circle_between_parts() -> None:
                 for a, b in itertools.pairwise(cycle)
             ]
             raise AssertionError("import circle between parts:\n  " + "\n  ".join(who))
+
+
+FEATURE_FOLDERS = sorted({f.model.split(".")[1] for f in features.FEATURES})
+# What a feature may import: the shared layers, the planners' reading of example inputs,
+# and the feature list (it names every part by string: importing it imports no feature).
+SHARED = {"telemetry", "probing", "ui", "example_inputs", "features"}
+NO_FEATURES = ("cluster", "telemetry", "probing", "ui")  # layers that name no feature
+
+
+def test_the_feature_folders_are_the_feature_list() -> None:
+    assert FEATURE_FOLDERS == ["buckets", "lifecycle", "monitor", "precision", "splits", "timeline"]
+    for feature in features.FEATURES:  # an entry's parts live in its folder (the run's
+        # own events, which the monitor reads, in telemetry/)
+        refs = [feature.model, feature.view, feature.figures, feature.summary, feature.probe]
+        folders = {ref.split(".")[1] for ref in refs if ref}
+        assert len(folders) == 1, f"{feature.name}'s parts span {sorted(folders)}"
+
+
+def test_a_feature_imports_only_the_shared_layers_and_itself() -> None:
+    wrong = sorted(
+        f"{module} imports {target}"
+        for part, edges in _part_graph().items()
+        if part in FEATURE_FOLDERS
+        for target, module in edges
+        if target not in SHARED
+    )
+    assert not wrong, "a feature reaches beyond the shared layers:\n  " + "\n  ".join(wrong)
+
+
+def test_the_shared_layers_and_the_cluster_import_no_feature() -> None:
+    wrong = sorted(
+        f"{module} imports {target}"
+        for part, edges in _part_graph().items()
+        if part in NO_FEATURES
+        for target, module in edges
+        if target in FEATURE_FOLDERS
+    )
+    assert not wrong, "a shared layer names a feature:\n  " + "\n  ".join(wrong)
 
 
 def test_models_and_planners_import_no_view_and_no_widgets() -> None:

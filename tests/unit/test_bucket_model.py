@@ -13,7 +13,7 @@ from support import make_store
 from interactive_shard.buckets.analysis import DIVERGENCE, UNREADY
 from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWatch
 from interactive_shard.buckets.model import BucketMap
-from interactive_shard.cluster.events import Log
+from interactive_shard.telemetry.run_events import Log
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
 from interactive_shard.testing import FakeParam, FakeRun, mlp_params

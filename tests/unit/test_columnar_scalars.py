@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from interactive_shard.cluster.context import RankContext
-from interactive_shard.cluster.events import Scalar
 from interactive_shard.monitor.model import MonitorModel
 from interactive_shard.telemetry import Collector, Emitter, Event, recording, schema
 from interactive_shard.telemetry._scalar_rows import _Scalar, _scalar_fields
+from interactive_shard.telemetry.run_events import Scalar
 from interactive_shard.telemetry.schema import SCHEMA_VERSION, Batch
 from interactive_shard.telemetry.store import RunInfo, RunStore
 

@@ -1,5 +1,5 @@
 """Files the package writes appear whole or not at all (Note [Writing a file whole] in
-``_files.py``): recordings (``run.save``), reports (``run.to_html``) and Chrome traces
+``telemetry/files.py``): recordings (``run.save``), reports (``run.to_html``) and Chrome traces
 (``run.timeline.to_chrome_trace``), on a full disk, in a shared folder, from threads."""
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ BROKEN = features.Feature(
     model="interactive_shard.monitor.model:MonitorModel",
     view="test_hostile_report:BrokenView",
     figures="test_hostile_report:broken_figures",
-    events="interactive_shard.cluster.events:EVENTS",
+    events="interactive_shard.telemetry.run_events:EVENTS",
     always=True,
 )
 FAILING = features.Feature(

@@ -8,10 +8,10 @@ import pytest
 from support import make_store
 
 from interactive_shard.cluster.run import Run
-from interactive_shard.cluster.state import RankState
 from interactive_shard.monitor.model import MonitorModel
 from interactive_shard.monitor.view import MonitorView, figure_scalars
 from interactive_shard.telemetry import Event, RunStore
+from interactive_shard.telemetry.rank_state import RankState
 from interactive_shard.ui.live import Throttle
 
 
@@ -149,7 +149,7 @@ def test_model_skips_an_event_it_cannot_read_and_keeps_the_ones_after(
 
 
 def test_events_built_with_their_structs_are_what_the_model_reads() -> None:
-    from interactive_shard.cluster.events import Log, Progress, Scalar, State, payload
+    from interactive_shard.telemetry.run_events import Log, Progress, Scalar, State, payload
 
     store = _store()
     sent = [

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from interactive_shard.cluster.events import Scalar, State
 from interactive_shard.telemetry.consume import Cursor
+from interactive_shard.telemetry.run_events import Scalar, State
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunInfo, RunStore
 

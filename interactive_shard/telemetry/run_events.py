@@ -15,8 +15,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from interactive_shard.cluster.state import RankState
 from interactive_shard.telemetry import schema
+from interactive_shard.telemetry.rank_state import RankState
 
 
 class Log(msgspec.Struct, kw_only=True, frozen=True):
@@ -55,7 +55,7 @@ class State(msgspec.Struct, kw_only=True, frozen=True):
 
     KIND: ClassVar[str] = schema.STATE
 
-    state: Annotated[RankState, Meta(description="a `RankState` (`cluster/state.py`)")]
+    state: Annotated[RankState, Meta(description="a `RankState` (`telemetry/rank_state.py`)")]
     detail: Annotated[str, Meta(description="why, in words (e.g. the error of a failed rank)")] = ""
 
 

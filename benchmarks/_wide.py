@@ -35,7 +35,7 @@ from interactive_shard.ui import live
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_wide_rank.py"
-VIEWS = ("monitor", "buckets", "splits", "precision", "timeline", "ddp")
+VIEWS = tuple(f.name for f in FEATURES)
 
 
 # -- the replay --------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """View refresh at scale: every view's refresh with 100k new events, and with none.
 
-For each feature a synthetic stream (``interactive_shard.testing``: events exactly as
-its probe emits them) is sized to about ``--events`` events of the feature's kinds: the
-monitor gets scalars, buckets / timeline / precision / lifecycle the iterations of a
-long run (2 ranks), splits a recompile storm of ``--compiles`` compiles among scalars.
+For each feature of the feature list its synthetic run (``Feature.sample``: events
+exactly as its probe emits them, 2 ranks) is sized to about ``--events`` events of the
+feature's kinds: the monitor's steps, the iterations of a long run, for splits a
+recompile storm.
 Its view is built (``.widget``, no display) on the first 1 % of the stream, as a live
 view is; then the rest arrives at once and we time, on the notebook's thread:
 
@@ -19,6 +19,7 @@ Acceptance (issue 12): ``new`` <= 50 ms, ``unchanged`` <= 5 ms, for every view.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import statistics
@@ -30,7 +31,6 @@ from typing import Any
 
 import msgspec
 
-from interactive_shard import testing
 from interactive_shard.cluster.run import Run
 from interactive_shard.features import FEATURES
 from interactive_shard.telemetry import schema
@@ -40,54 +40,25 @@ from interactive_shard.telemetry.store import RunInfo, RunStore
 NEW_MS, UNCHANGED_MS = 50.0, 5.0
 
 
-def scalars(n: int, world_size: int = 2, t0: float = 1000.0) -> list[Event]:
-    return [
-        Event(
-            "scalar", i % world_size, i // world_size, t0 + i * 1e-6, {"name": "loss", "value": i}
-        )
-        for i in range(n)
-    ]
-
-
 def _scaled(make: Callable[[int], list[Event]], events: int) -> list[Event]:
-    """``make(iterations)`` sized so that it yields about ``events`` events."""
+    """``make(iterations)`` sized so that it yields about ``events`` events; a sample that
+    stops short (a splits run compiles at most a storm's worth) is padded with the run's
+    scalars, events of other kinds that its view must pass over."""
     per = max(1, len(make(4)) // 4)
-    return make(max(2, events // per))
+    made = make(max(2, events // per))
+    if len(made) >= events // 2:
+        return made
+    t0 = min(e.t for e in made)
+    pad = [
+        Event("scalar", i % 2, i // 2, t0 + i * 1e-6, {"name": "loss", "value": float(i)})
+        for i in range(events - len(made))
+    ]
+    return sorted(made + pad, key=lambda e: e.t)
 
 
-def precision(events: int, world_size: int = 2) -> list[Event]:
-    """A long mixed-precision run of about ``events`` events: ``FakePrecision``'s watches
-    and its last iteration's batches copied, re-numbered, for every iteration. (Its
-    generator rescans a rank's records at every record: 50k iterations would take hours.)"""
-    policies = {k: testing.fsdp2_policy("bf16", "fp32") for k in ("", "1", "2")}
-    fake = testing.FakePrecision(testing.mp_net(policies), world_size=world_size, iterations=3)
-    made = fake.events()
-    out = [e for e in made if e.kind == "precision_watch"]
-    last = [e for e in made if e.kind == "precision_batch" and e.step == fake.iterations]
-    for it in range(1, max(2, (events - len(out)) // len(last)) + 1):
-        for e in last:
-            payload = {k: [{**r, "iteration": it} for r in v] for k, v in e.payload.items()}
-            out.append(Event(e.kind, e.rank, it, fake.t0 + it + e.rank * 1e-6, payload))
-    return out
-
-
-def streams(events: int, compiles: int) -> dict[str, Callable[[], list[Event]]]:
-    params = testing.mlp_params(8, 16)
-
-    def splits() -> list[Event]:
-        fake = testing.FakeSplits(testing.mlp_graph(8, 256), bucket_cap_mb=1, compiles=compiles)
-        return sorted(scalars(events) + fake.events(), key=lambda e: e.t)
-
-    return {
-        "monitor": lambda: scalars(events),
-        "buckets": lambda: _scaled(
-            lambda n: testing.FakeRun(params, iterations=n).events(), events
-        ),
-        "splits": splits,
-        "precision": lambda: precision(events),
-        "timeline": lambda: _scaled(lambda n: testing.FakeTimeline(iterations=n).events(), events),
-        "ddp": lambda: _scaled(lambda n: testing.FakeLifecycle(iterations=n).events(), events),
-    }
+def streams(events: int) -> dict[str, Callable[[], list[Event]]]:
+    """Each feature's synthetic run (``Feature.sample``), about ``events`` events long."""
+    return {f.name: functools.partial(_scaled, f.sample, events) for f in FEATURES if f.fake}
 
 
 def _store(world_size: int = 2) -> RunStore:
@@ -143,12 +114,11 @@ def measure(name: str, events: list[Event]) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000, help="events per feature")
-    parser.add_argument("--compiles", type=int, default=200, help="splits: compiles")
     parser.add_argument("--feature", action="append", help="only these (repeatable)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--check", action="store_true", help="exit 1 if acceptance fails")
     args = parser.parse_args()
-    chosen = streams(args.events, args.compiles)
+    chosen = streams(args.events)
     names = args.feature or list(chosen)
     print(
         f"bench_views: refresh with ~{args.events:,} new events, median of {args.repeats}",

@@ -21,6 +21,10 @@ An entry's parts:
 * ``summary``: a pure function ``model -> str``: the view in a few plain lines, which a
   front end without a widget manager shows (with the first of ``figures``) in place of
   the widget (``ui/fallback.py``).
+* ``fake``: ``"module:sample"``, ``sample(iterations) -> list[Event]``: a synthetic
+  2-rank run of its events, exactly as its probe emits them (``<folder>/fake.py``); the
+  display tests, ``bench_views.py``, the wheel test and the demo's offline sections walk
+  the list and call it, so a new feature is tested and measured by its entry alone.
 * ``probe``: ``"module"`` with ``fits(obj) -> bool``, ``OPTIONS`` (the keyword
   arguments it takes), ``WATCHES`` (what it can watch, in words) and
   ``attach(obj, **options)`` returning a handle with ``detach()``; ``ish.watch``
@@ -54,6 +58,7 @@ class Feature:
     events: str | None = None  # "module:EVENTS": the event Structs its model reads
     probe: str | None = None
     summary: str | None = None  # "module:function": model -> str, the view in plain words
+    fake: str | None = None  # "module:sample": sample(iterations) -> events of a 2-rank run
     always: bool = False  # in the report even when none of its kinds was recorded
 
     def __post_init__(self) -> None:
@@ -82,6 +87,14 @@ class Feature:
         """The view in plain words (its ``summary``; empty without one)."""
         return str(load(self.summary)(model)) if self.summary else ""
 
+    def sample(self, iterations: int | None = None) -> list[Any]:
+        """Its synthetic 2-rank run (``fake``): events as its probe emits them, no ranks;
+        ``iterations``: how long (the sample's own default when None)."""
+        if self.fake is None:
+            raise LookupError(f"feature {self.name!r} has no synthetic run (Feature.fake)")
+        make = load(self.fake)
+        return list(make() if iterations is None else make(iterations))
+
     def recorded_in(self, store: Any) -> bool:
         """Whether the store holds anything this feature reads."""
         return self.always or any(store.of_kind(kind) for kind in self.kinds)
@@ -94,6 +107,7 @@ FEATURES: tuple[Feature, ...] = (
         model="interactive_shard.monitor.model:MonitorModel",
         view="interactive_shard.monitor.view:MonitorView",
         summary="interactive_shard.monitor.summary:summary",
+        fake="interactive_shard.monitor.fake:sample",
         figures="interactive_shard.monitor.figures:report_figures",
         events="interactive_shard.telemetry.run_events:EVENTS",
         always=True,
@@ -104,6 +118,7 @@ FEATURES: tuple[Feature, ...] = (
         model="interactive_shard.buckets.model:BucketMap",
         view="interactive_shard.buckets.view:BucketMapView",
         summary="interactive_shard.buckets.summary:summary",
+        fake="interactive_shard.buckets.fake:sample",
         figures="interactive_shard.buckets.figures_timeline:report_figures",
         events="interactive_shard.buckets.events:EVENTS",
         probe="interactive_shard.buckets.probe",
@@ -114,6 +129,7 @@ FEATURES: tuple[Feature, ...] = (
         model="interactive_shard.splits.model:SplitsModel",
         view="interactive_shard.splits.view:SplitsView",
         summary="interactive_shard.splits.summary:summary",
+        fake="interactive_shard.splits.fake:sample",
         figures="interactive_shard.splits.figures:report_figures",
         events="interactive_shard.splits.events:EVENTS",
         probe="interactive_shard.splits.probe",
@@ -124,6 +140,7 @@ FEATURES: tuple[Feature, ...] = (
         model="interactive_shard.precision.model:PrecisionModel",
         view="interactive_shard.precision.view:PrecisionView",
         summary="interactive_shard.precision.summary:summary",
+        fake="interactive_shard.precision.fake:sample",
         figures="interactive_shard.precision.figures:report_figures",
         events="interactive_shard.precision.events:EVENTS",
         probe="interactive_shard.precision.probe",
@@ -134,6 +151,7 @@ FEATURES: tuple[Feature, ...] = (
         model="interactive_shard.timeline.model:TimelineModel",
         view="interactive_shard.timeline.view:TimelineView",
         summary="interactive_shard.timeline.summary:summary",
+        fake="interactive_shard.timeline.fake:sample",
         figures="interactive_shard.timeline.figures:report_figures",
         events="interactive_shard.timeline.events:EVENTS",
         probe="interactive_shard.timeline.probe",
@@ -144,6 +162,7 @@ FEATURES: tuple[Feature, ...] = (
         model="interactive_shard.lifecycle.model:LifecycleModel",
         view="interactive_shard.lifecycle.view:LifecycleView",
         summary="interactive_shard.lifecycle.summary:summary",
+        fake="interactive_shard.lifecycle.fake:sample",
         figures="interactive_shard.lifecycle.figures:report_figures",
         events="interactive_shard.lifecycle.events:EVENTS",
         probe="interactive_shard.lifecycle.probe",

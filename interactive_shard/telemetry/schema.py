@@ -94,6 +94,11 @@ class Event(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=
     payload: Payload = {}
 
 
+def record_event(record: Any, rank: int, step: int, t: float) -> Event:
+    """``record`` (an event Struct with its ``KIND``) as the Event a probe sends."""
+    return Event(record.KIND, rank, step, t, msgspec.to_builtins(record))
+
+
 class Scalars(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True, gc=False):
     """A run of a batch's scalar events as columns, on the wire (Note [Columnar scalars]).
 

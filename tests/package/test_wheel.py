@@ -23,6 +23,7 @@ import pytest
 from support import REPO_ROOT
 
 import interactive_shard
+from interactive_shard.features import FEATURES
 
 # Installing torch and the wheel's dependencies into a fresh venv takes minutes.
 pytestmark = pytest.mark.timeout(1800)
@@ -78,8 +79,10 @@ def test_the_wheel_holds_the_package_its_metadata_and_nothing_else(dist: Path) -
     assert {n.split("/")[0] for n in names} == {"interactive_shard", info}
     assert "interactive_shard/py.typed" in names  # typed package: checkers read its hints
     assert f"{info}/licenses/LICENSE" in names
-    for feature in ("buckets", "splits", "precision", "timeline", "lifecycle", "monitor"):
-        assert f"interactive_shard/{feature}/__init__.py" in names
+    for feature in FEATURES:  # every part of every entry of the feature list
+        parts = (feature.model, feature.view, feature.figures, feature.summary, feature.fake)
+        for ref in filter(None, parts):
+            assert ref.partition(":")[0].replace(".", "/") + ".py" in names, ref
     assert f"Version: {interactive_shard.__version__}" in metadata
     assert "Requires-Dist: torch<2.16,>=2.11" in metadata
     assert "License-Expression: BSD-3-Clause" in metadata

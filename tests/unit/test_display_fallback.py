@@ -3,6 +3,7 @@ summary, escaped HTML and a small plotly figure for every other (ui/fallback.py)
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -11,24 +12,18 @@ import nbformat
 import pytest
 from support import make_store, notebook_params
 
-from interactive_shard import features, testing
+from interactive_shard import features
 from interactive_shard.cluster.run import Run
-from interactive_shard.ui import fallback
+from interactive_shard.ui import fallback, live
 
-STORES = {
-    "buckets": lambda: testing.FakeRun(testing.mlp_params(4, 32), bucket_cap_mb=0.006).events(),
-    "splits": lambda: testing.FakeSplits(testing.mlp_graph(6, 256), bucket_cap_mb=1).events(),
-    "precision": lambda: testing.FakePrecision(
-        testing.mp_net({"": testing.fsdp2_policy(), "1": testing.fsdp2_policy("bf16")})
-    ).events(),
-    "timeline": lambda: testing.FakeTimeline(delay=[0.0, 0.002]).events(),
-    "ddp": lambda: testing.FakeLifecycle(unused=["0.bias"]).events(),
-}
-# What each summary must say, in words a reader looks for.
+# Every feature's synthetic run (Feature.fake): a new feature is tested by its entry.
+DISPLAYED = [f.name for f in features.FEATURES if f.fake and f.name != "monitor"]
+# What each summary must say, in words a reader looks for (a feature not named here is
+# still checked for its title, widget, escaped page and figure).
 SAYS = {
     "buckets": ["8 parameters", "bucket_cap_mb=0.006", "bucket 0:", "KiB", "world size 2"],
     "splits": ["rank 0: 1 graph(s) compiled", "submod_0", "backend", "DDP (run time)"],
-    "precision": ["fsdp2", "unit(s)", "param_dtype=bf16", "seen in iteration 1"],
+    "precision": ["fsdp2", "3 unit(s)", "param_dtype=bf16", "seen in iteration 2", "reduce fp32"],
     "timeline": ["rank 0, iteration 2", "backward", "hidden by compute"],
     "ddp": ["DDP instance(s) on rank 0", "check(s) fired", "0.bias got no gradient"],
 }
@@ -42,16 +37,16 @@ def shown(widget: Any) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize("name", sorted(STORES))
+@pytest.mark.parametrize("name", DISPLAYED)
 def test_a_feature_bundle_keeps_the_widget_and_says_the_view(name: str) -> None:
-    run = Run(make_store(STORES[name]()))
+    run = Run(make_store(features.feature(name).sample()))
     widget = getattr(run, name)._view().widget
     data = shown(widget)
     assert data[fallback.WIDGET_MIME]["model_id"] == widget.model_id
     assert data[fallback.WIDGET_MIME]["version_major"] == 2
     text, page = data["text/plain"], data["text/html"]
     assert text.startswith(f"{features.feature(name).title} ({fallback.NOTE})\n")
-    for words in SAYS[name]:
+    for words in SAYS.get(name, []):
         assert words in text, f"{name} summary lacks {words!r}:\n{text}"
     assert f'data-ish-summary="{name}"' in page and "<script" not in page
     fig = data[fallback.PLOTLY_MIME]
@@ -59,8 +54,24 @@ def test_a_feature_bundle_keeps_the_widget_and_says_the_view(name: str) -> None:
     assert len(json.dumps(fig)) <= fallback.MAX_FIGURE_CHARS
 
 
+@pytest.mark.parametrize("name", DISPLAYED)
+def test_displaying_run_feature_shows_its_live_view(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown_objects: list[Any] = []
+    monkeypatch.setattr("IPython.display.display", shown_objects.append)
+    run = Run(make_store(features.feature(name).sample()))
+    getattr(run, name)._ipython_display_()
+    (widget,) = shown_objects
+    view = widget._ish_view
+    assert features.feature_of_view(view).name == name
+    gc.collect()  # the displayed widget alone keeps its view alive, and live
+    assert view in live._views
+    view.refresh()
+
+
 def test_the_run_shows_the_monitor_with_its_ranks() -> None:
-    data = shown(Run(make_store(STORES["buckets"]()))._view().widget)
+    data = shown(Run(make_store(features.feature("buckets").sample()))._view().widget)
     text = data["text/plain"]
     assert text.startswith(f"Run monitor ({fallback.NOTE})\n2 ranks · gloo · cpu · run 0")
     assert "rank 0:" in text and "rank 1:" in text and "step 3" in text
@@ -70,7 +81,7 @@ def test_the_run_shows_the_monitor_with_its_ranks() -> None:
 def test_a_summary_that_fails_says_so_and_keeps_the_widget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    run = Run(make_store(STORES["buckets"]()))
+    run = Run(make_store(features.feature("buckets").sample()))
 
     def broken(model: Any) -> str:
         raise ValueError("no luck")
@@ -97,7 +108,7 @@ def test_html_is_escaped_and_a_large_figure_is_left_out() -> None:
 
 
 def test_a_closed_widget_shows_nothing() -> None:
-    run = Run(make_store(STORES["buckets"]()))
+    run = Run(make_store(features.feature("buckets").sample()))
     widget = run.buckets._view().widget
     widget.close()
     assert fallback.WIDGET_MIME not in shown(widget)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any
 
@@ -238,16 +237,3 @@ def test_empty_state_then_a_live_run_redraws_only_on_new_data(
     assert swaps == []
     view.rank_selector.value = 1
     assert swaps == [view.lifecycle_figure, view.hooks_figure, view.bytes_figure]
-
-
-def test_displaying_run_ddp_shows_the_view(
-    registered: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    shown: list[Any] = []
-    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
-    run = Run(make_store(FakeLifecycle().events()))
-    run.ddp._ipython_display_()
-    (widget,) = shown
-    assert isinstance(widget, widgets.VBox) and isinstance(widget._ish_view, LifecycleView)
-    gc.collect()
-    assert widget._ish_view in live._views

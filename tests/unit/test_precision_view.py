@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any
 
@@ -404,16 +403,3 @@ def test_state_given_before_the_widget_exists() -> None:
     assert "rank 1, iteration 1" in view.grid_figure.layout.title.text
     view.iteration_selector.value = 0
     assert view.iteration == 2 and "iteration 2" in view.grid_figure.layout.title.text
-
-
-def test_displaying_run_precision_shows_the_view(
-    monkeypatch: pytest.MonkeyPatch, registered: None
-) -> None:
-    shown: list[Any] = []
-    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
-    run = Run(make_store(events_of(FIXED)))
-    run.precision._ipython_display_()
-    (widget,) = shown
-    assert isinstance(widget, widgets.VBox) and isinstance(widget._ish_view, PrecisionView)
-    gc.collect()
-    assert widget._ish_view in live._views

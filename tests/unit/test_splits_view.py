@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import html
 import math
 from collections import Counter
@@ -427,14 +426,3 @@ def test_state_given_before_the_widget_exists() -> None:
     assert planned_count(view.what_if_figure) == len(expected.partitions)
     view.compile_selector.value = -1
     assert view.index == 1 and "compile 1" in view.lanes_figure.layout.title.text
-
-
-def test_displaying_run_splits_shows_the_view(monkeypatch: pytest.MonkeyPatch) -> None:
-    shown: list[Any] = []
-    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
-    run = Run(make_store(fake().events()))
-    run.splits._ipython_display_()
-    (widget,) = shown
-    assert isinstance(widget, widgets.VBox) and isinstance(widget._ish_view, SplitsView)
-    gc.collect()
-    assert widget._ish_view in live._views

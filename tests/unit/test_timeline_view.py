@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any
 
@@ -373,17 +372,6 @@ def test_empty_state_then_a_live_run_redraws_only_on_new_data() -> None:
     assert "iteration 2 · 2 ranks" in view.timeline_figure.layout.title.text  # patched
     view.depth_selector.value = 0
     assert redrawn() == ["timeline"]  # a control redraws only what it changes
-
-
-def test_displaying_run_timeline_shows_the_view(monkeypatch: pytest.MonkeyPatch) -> None:
-    shown: list[Any] = []
-    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
-    run = Run(make_store(FakeTimeline().events()))
-    run.timeline._ipython_display_()
-    (widget,) = shown
-    assert isinstance(widget, widgets.VBox) and isinstance(widget._ish_view, TimelineView)
-    gc.collect()
-    assert widget._ish_view in live._views
 
 
 def test_the_unvalidated_figures_validate_and_a_view_patches_what_changed() -> None:

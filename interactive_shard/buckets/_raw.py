@@ -64,6 +64,9 @@ class RawEvents:
     def __init__(self, store: RunStore, reject: Reject) -> None:
         self._store = store
         self._n = 0
+        # Events ever added: caches note it, not ``len``, which indexing lowers when it
+        # drops unreadable rows (new events and as many drops would leave it unchanged).
+        self.added = 0
         self._where = np.empty(256, dtype=np.int64)  # row -> log position
         self.indexed = 0
         self._reject = reject
@@ -98,6 +101,7 @@ class RawEvents:
             self._where = np.resize(self._where, max(2 * len(self._where), end))
         self._where[n:end] = positions
         self._n = end
+        self.added += len(positions)
 
     def at(self, rows: np.ndarray | list[int]) -> list[Event]:
         """The events of ``rows`` (fetched from the store)."""

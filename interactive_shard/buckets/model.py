@@ -52,15 +52,15 @@ class BucketMap(BucketEvents, ShowsView):
         super().__init__(store)
         self._iterations: tuple[tuple[int, ...], list[int]] = ((), [])  # (state, sorted list)
         self._health = Health()
-        # (iteration, rank) -> (bucket events then, their buckets)
+        # (iteration, rank) -> (bucket events added then, their buckets)
         self._observed: OrderedDict[tuple[int, int], tuple[int, list[ObservedBucket]]] = (
             OrderedDict()
         )
         self._recorded: OrderedDict[tuple[int, int], tuple[int, IterationRecord | None]] = (
             OrderedDict()
         )
-        # static_graph -> (records then, -1: for good; where the rebuild's ready order was
-        # recorded, None: nowhere yet)
+        # static_graph -> (records added then, -1: for good; where the rebuild's ready order
+        # was recorded, None: nowhere yet)
         self._ready: dict[bool, tuple[int, tuple[tuple[int, int], IterationRecord] | None]] = {}
         self._plans: OrderedDict[tuple[Any, ...], BucketPlan] = OrderedDict()
         self._specs: tuple[WatchInfo, list[tuple[str, ParamSpec]]] | None = None
@@ -153,7 +153,7 @@ class BucketMap(BucketEvents, ShowsView):
         """Buckets of ``iteration`` on ``rank`` by index ([] until they are reported)."""
         _check_iteration(iteration)
         self.update()
-        key, count = (iteration, rank), len(self._buckets)
+        key, count = (iteration, rank), self._buckets.added
         cached = self._observed.get(key)
         if cached is None or cached[0] != count:  # bucket events came since: look again
             by_index: dict[int, ObservedBucket] = {}
@@ -169,7 +169,7 @@ class BucketMap(BucketEvents, ShowsView):
         """The ``ddp_iteration`` summary (ready order, unready, checksums), if reported."""
         _check_iteration(iteration)
         self.update()
-        key, count = (iteration, rank), len(self._records)
+        key, count = (iteration, rank), self._records.added
         cached = self._recorded.get(key)
         if cached is None or cached[0] != count:
             found = None
@@ -289,7 +289,7 @@ class BucketMap(BucketEvents, ShowsView):
         if first > 1:  # a late watch: the order of the first iteration seen
             preferred = (first, first + 1)
         cached = self._ready.get(static_graph)
-        if cached is not None and cached[0] in (-1, len(raw)):
+        if cached is not None and cached[0] in (-1, raw.added):
             return cached[1]
         # Iterations 1 and 2 come first: index the first records only, unless none is there.
         raw.index(upto=min(len(raw), READY_HEAD))
@@ -299,7 +299,7 @@ class BucketMap(BucketEvents, ShowsView):
             found = self._ready_indexed(preferred)
         # Rank 0 in the preferred iteration: nothing later replaces it (-1: for good).
         final = found is not None and found[0] == (preferred[0], 0)
-        self._ready[static_graph] = (-1 if final else len(raw), found)
+        self._ready[static_graph] = (-1 if final else raw.added, found)
         return found
 
     def _ready_indexed(

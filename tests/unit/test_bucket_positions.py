@@ -183,3 +183,21 @@ def test_malformed_events_are_counted_once_when_read() -> None:
     assert bm.iterations == [1, 2, 3] and bm.skipped == 1  # no iteration: when indexed
     assert bm.record(3, rank=0) is not None and bm.skipped == 2  # the older one decodes
     assert bm.record(3, rank=0) is not None and bm.health == [] and bm.skipped == 2
+
+
+def test_a_lookup_sees_new_events_when_indexing_drops_as_many() -> None:
+    # Indexing drops an unreadable event's row: with one new event, as many rows as
+    # when iteration 2 was looked up, and the lookup must not be served from then.
+    events = run(2)
+    last = events.pop()  # iteration 2's last bucket on rank 1
+    assert (last.kind, last.rank, last.payload["iteration"]) == (BUCKET, 1, 2)
+    at, like = next((i, e) for i, e in enumerate(events) if e.kind == BUCKET)
+    events.insert(
+        at + 1, Event(BUCKET, like.rank, like.step, like.t, {**like.payload, "iteration": None})
+    )
+    store = make_store(events)
+    bm = BucketMap(store)
+    assert len(bm.observed(2, rank=1)) == 1  # found walking back: the unreadable one unread
+    store.extend([last])
+    assert bm.iterations == [1, 2] and bm.skipped == 1  # indexed: the unreadable one dropped
+    assert [b.index for b in bm.observed(2, rank=1)] == [0, 1]

@@ -31,22 +31,13 @@ from interactive_shard.buckets.segments import (
     module_groups,
     param_bytes,
 )
+from interactive_shard.ui.format import byte_unit, nbytes
 from interactive_shard.ui.text import literal
 
 Spec = tuple[list[dict[str, Any]], dict[str, Any]]  # a figure's traces and layout, as dicts
 ROW_PX, MAX_HEIGHT = 26, 1400
 # A JupyterLab output area is about 650-900 px wide: size the legend for the narrow end.
 LEGEND_ROW_PX, LEGEND_WIDTH_PX = 22, 600
-_UNITS = ((2**20, "MiB"), (2**10, "KiB"), (1, "B"))
-
-
-def _unit(largest: float) -> tuple[float, str]:
-    return next((scale, name) for scale, name in _UNITS if largest >= scale)
-
-
-def _fmt_bytes(n: float) -> str:
-    scale, name = _unit(max(n, 1))
-    return f"{n / scale:.3g} {name}"
 
 
 def _caps(buckets: Sequence[Any]) -> list[int]:
@@ -100,7 +91,7 @@ def bucket_map_spec(
     obs_caps = _recorded_caps(bucket_map, iteration)
     plan_caps = _caps(planned or [])
     largest = max([r.nbytes for r in (*obs_rows, *plan_rows, *delayed) if r] or [1])
-    scale, unit = _unit(largest)
+    scale, unit = byte_unit(largest)
 
     traces = [
         *bar_panel(obs_rows, "", modules, moved, scale, True),
@@ -116,9 +107,9 @@ def bucket_map_spec(
         for cap in caps:
             if cap <= 1.5 * largest:
                 shapes.append(_vline(cap / scale, axis))
-                notes.append(_note(f"cap {_fmt_bytes(cap)}", cap / scale, f"x{axis}", 1.0))
+                notes.append(_note(f"cap {nbytes(cap)}", cap / scale, f"x{axis}", 1.0))
             else:  # drawing it would squash every bar to a sliver
-                text = f"cap {_fmt_bytes(cap)} →"
+                text = f"cap {nbytes(cap)} →"
                 notes.append(_note(text, 1.0, f"x{axis} domain", 1.0, xanchor="right"))
     stage = _stage(bucket_map, iteration, what_if)
     verdict = _verdict(comparison, error, observed)
@@ -206,7 +197,7 @@ def _delayed_bars(
 
 def _delayed_note(row: DelayedRow, axis: str, scale: float) -> dict[str, Any]:
     at = f" · all-reduced at {literal(row.hook)}'s hook" if row.hook else ""
-    note = _note(f"{_fmt_bytes(row.nbytes)}{at}", row.nbytes / scale, f"x{axis}", 0, 10)
+    note = _note(f"{nbytes(row.nbytes)}{at}", row.nbytes / scale, f"x{axis}", 0, 10)
     # Beside the bar's end, at its level (data coordinates, not the paper's bottom).
     note.update(xanchor="left", xshift=4, y=row.index, yref=f"y{axis}", yanchor="middle")
     return note

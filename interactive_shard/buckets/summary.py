@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from interactive_shard.buckets.model import BucketMap, late_watch
 from interactive_shard.buckets.records import ObservedBucket, WatchInfo
-from interactive_shard.ui.fallback import listed, nbytes
+from interactive_shard.ui.fallback import listed
+from interactive_shard.ui.format import nbytes
 
 MAX_BUCKETS = 8  # listed one a line; more are counted
 HEALTH_SECONDS = 0.05  # a display looks for findings this long at most on a long run

@@ -25,13 +25,13 @@ from interactive_shard.lifecycle.figures_strip import (
     Strip,
     empty_figure,
     figure_lifecycle,
-    fmt_bytes,
     instance_label,
     lifecycle_strip,
     pick,
     window_rows,
 )
 from interactive_shard.lifecycle.model import PURPOSE_ORDER, LifecycleModel
+from interactive_shard.ui.format import nbytes
 from interactive_shard.ui.text import literal
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "figure_bytes",
     "figure_hooks",
     "figure_lifecycle",
-    "fmt_bytes",
     "instance_label",
     "lifecycle_strip",
     "pick",
@@ -101,7 +100,7 @@ class Bars:
     sent: dict[str, list[int]]  # purpose -> bytes per instance, in PURPOSE_ORDER
 
     def hover(self, purpose: str) -> list[str]:
-        return [f"{purpose}: {fmt_bytes(v)}" for v in self.sent[purpose]]
+        return [f"{purpose}: {nbytes(v)}" for v in self.sent[purpose]]
 
 
 def bytes_bars(model: LifecycleModel, rank: int = 0) -> Bars | None:
@@ -112,7 +111,7 @@ def bytes_bars(model: LifecycleModel, rank: int = 0) -> Bars | None:
     per = [model.bytes_by_purpose(rank, i.serial) for i in insts]
     total = sum(sum(b.values()) for b in per)
     return Bars(
-        f"Bytes sent by purpose · rank {rank} · {fmt_bytes(total)} in all",
+        f"Bytes sent by purpose · rank {rank} · {nbytes(total)} in all",
         [f"DDP #{i.serial}" for i in insts],
         {purpose: [b[purpose] for b in per] for purpose in PURPOSE_ORDER},
     )

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from interactive_shard.lifecycle._table import BUFFERS, DELAYED, IterationTable
 from interactive_shard.lifecycle.model import Instance, LifecycleModel
+from interactive_shard.ui.format import nbytes
 from interactive_shard.ui.text import literal
 
 ROWS = (
@@ -39,7 +40,6 @@ MAX_COLUMNS = 100  # iterations drawn one per column; more share columns (aggreg
 TEXT_COLUMNS = 40  # cells carry their text up to this many columns (past it, the hover)
 EMPTY = "No DDP instance watched yet: watch a DDP model with ish.watch(ddp)"
 _STATES = list(STATE_COLORS)
-_UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
 
 
 @dataclass
@@ -65,13 +65,6 @@ class Strip:
             "text": self.text,
             "texttemplate": template,
         }
-
-
-def fmt_bytes(n: float) -> str:
-    for scale, name in _UNITS:
-        if n >= scale:
-            return f"{n / scale:.3g} {name}"
-    return f"{int(n)} B"
 
 
 def pick(model: LifecycleModel, ddp: int | None = None, rank: int = 0) -> Instance | None:
@@ -148,12 +141,12 @@ def _cells(inst: Instance, row: int) -> list[tuple[str, str]]:
         ),
         done,
         (
-            fmt_bytes(buffer) if buffer else "0",
-            f"{fmt_bytes(buffer)} of buffers broadcast from rank 0 before forwards",
+            nbytes(buffer) if buffer else "0",
+            f"{nbytes(buffer)} of buffers broadcast from rank 0 before forwards",
         ),
         (
-            fmt_bytes(delayed) if delayed else "0",
-            f"{fmt_bytes(delayed)} all-reduced outside the Reducer: "
+            nbytes(delayed) if delayed else "0",
+            f"{nbytes(delayed)} all-reduced outside the Reducer: "
             + literal(", ".join(which) or "none"),
         ),
         (str(steps), f"{steps} optimizer step(s) inside the backward"),
@@ -202,11 +195,11 @@ def _binned(t: IterationTable, rows: slice, starts: np.ndarray) -> list[list[str
             )
         ],
         [
-            f"{fmt_bytes(b)} of buffers broadcast from rank 0 in {n} iteration(s)"
+            f"{nbytes(b)} of buffers broadcast from rank 0 in {n} iteration(s)"
             for b, n in zip(total(sent[:, BUFFERS]), total(sent[:, BUFFERS] > 0), strict=True)
         ],
         [
-            f"{fmt_bytes(b)} all-reduced outside the Reducer in {n} iteration(s)"
+            f"{nbytes(b)} all-reduced outside the Reducer in {n} iteration(s)"
             for b, n in zip(total(sent[:, DELAYED]), total(sent[:, DELAYED] > 0), strict=True)
         ],
         [f"{n} optimizer step(s) inside the backward" for n in total(t.col("steps")[rows])],

@@ -7,7 +7,7 @@ from __future__ import annotations
 from interactive_shard.lifecycle._instance import Finding
 from interactive_shard.lifecycle.figures_strip import instance_label
 from interactive_shard.lifecycle.model import LifecycleModel
-from interactive_shard.ui.fallback import nbytes
+from interactive_shard.ui.format import nbytes
 
 MAX_INSTANCES = 6  # listed one a line; more are counted
 MAX_FINDINGS = 4

@@ -31,7 +31,6 @@ from interactive_shard.lifecycle.figures import (
     figure_bytes,
     figure_hooks,
     figure_lifecycle,
-    fmt_bytes,
     instance_label,
     lifecycle_strip,
     pick,
@@ -40,6 +39,7 @@ from interactive_shard.lifecycle.figures import (
 from interactive_shard.lifecycle.model import Finding, Instance, LifecycleModel
 from interactive_shard.ui import live
 from interactive_shard.ui.controls import Panels, swap_figure
+from interactive_shard.ui.format import nbytes
 
 __all__ = ["LifecycleView", "report_figures"]
 
@@ -114,8 +114,8 @@ class LifecycleView(Panels, live.LazyWidget):
         rows = [(name, _value(v)) for name, v in inst.settings.items()]
         rows += [
             ("world size", str(w.world_size)),
-            ("parameters", f"{len(w.params)} · {fmt_bytes(w.param_bytes)}"),
-            ("buffers", f"{len(w.buffers)} · {fmt_bytes(w.buffer_bytes)}"),
+            ("parameters", f"{len(w.params)} · {nbytes(w.param_bytes)}"),
+            ("buffers", f"{len(w.buffers)} · {nbytes(w.buffer_bytes)}"),
             ("collectives recorded from", w.recorded_from),
         ]
         body = "".join(

@@ -10,7 +10,8 @@ from interactive_shard.precision.analysis import describe_policy
 from interactive_shard.precision.compare import Plan, differing_phases, short
 from interactive_shard.precision.events import PHASES
 from interactive_shard.precision.figures import DIFF, DTYPE_COLORS, dtype_class, planned_dtypes
-from interactive_shard.precision.figures_bytes import LEVEL_COLORS, fix_text, fmt_bytes
+from interactive_shard.precision.figures_bytes import LEVEL_COLORS, fix_text
+from interactive_shard.ui.format import nbytes
 
 if TYPE_CHECKING:
     from interactive_shard.precision.view import PrecisionView
@@ -57,7 +58,7 @@ def unit_text(view: PrecisionView) -> str:
     found = view.model.collectives(u.fqn, rank=r, iteration=it)
     colls = "".join(
         f"<tr><td>{c.op}</td><td>{'backward' if c.backward else 'forward'}</td>"
-        f"<td>{_chip(c.dtype)}</td><td>{fmt_bytes(c.nbytes)}</td></tr>"
+        f"<td>{_chip(c.dtype)}</td><td>{nbytes(c.nbytes)}</td></tr>"
         for c in found
     )
     parts = [head, table]

@@ -28,6 +28,7 @@ from interactive_shard.precision.figures import (
     unit_label,
 )
 from interactive_shard.precision.model import PrecisionModel
+from interactive_shard.ui.format import nbytes
 from interactive_shard.ui.text import literal
 
 __all__ = [
@@ -37,19 +38,12 @@ __all__ = [
     "figure_collectives",
     "figure_findings",
     "fix_text",
-    "fmt_bytes",
 ]
 
 PATTERNS = {"sharded_param": "", "param": "/", "sharded_grad": "."}
 LEVEL_COLORS = {"error": DIFF, "warning": "#E69F00", "note": "#0072B2", "planned": "#CC79A7"}
 _UNSET = re.compile(r"\b\w+=None(, )?|, \w+=None(?=\))")
 OPS = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR"}
-UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
-
-
-def fmt_bytes(n: float) -> str:
-    scale, name = next((s, u) for s, u in UNITS if max(n, 1) >= s)
-    return f"{n / scale:.3g} {name}" if scale > 1 else f"{int(n)} B"
 
 
 def _color(dtype: str) -> str:
@@ -86,7 +80,7 @@ def bytes_parts(model: PrecisionModel, *, rank: int = 0, iteration: int | None =
                 "y": [h.nbytes for h in mine],
                 "marker": marker,
                 "hovertext": [
-                    f"{literal(h.unit or 'root')}: {name}<br>{fmt_bytes(h.nbytes)}" for h in mine
+                    f"{literal(h.unit or 'root')}: {name}<br>{nbytes(h.nbytes)}" for h in mine
                 ],
                 "hoverinfo": "text",
                 "xaxis": "x",
@@ -103,7 +97,7 @@ def bytes_parts(model: PrecisionModel, *, rank: int = 0, iteration: int | None =
                 "x": ["total"],
                 "y": [n],
                 "marker": marker,
-                "hovertext": [f"all units: {name}<br>{fmt_bytes(n)}"],
+                "hovertext": [f"all units: {name}<br>{nbytes(n)}"],
                 "hoverinfo": "text",
                 "xaxis": "x2",
                 "yaxis": "y2",
@@ -120,7 +114,7 @@ def bytes_parts(model: PrecisionModel, *, rank: int = 0, iteration: int | None =
         "annotations": subplot_titles((("per unit", 0.368), ("all units", 0.908))),
         "barmode": "stack",
         "title": {
-            "text": f"Bytes held per dtype · rank {rank}, iteration {it} · {fmt_bytes(grand)} in "
+            "text": f"Bytes held per dtype · rank {rank}, iteration {it} · {nbytes(grand)} in "
             f"all · parameters {shard}"
         },
         "height": 420,
@@ -170,7 +164,7 @@ def collectives_parts(
                 "marker": {"color": _color(dtype)},
                 "text": [literal(short(dtype))] * len(sums),
                 "textposition": "inside",
-                "hovertext": [f"{u}<br>{o}: {fmt_bytes(n)}" for (u, o), n in sums.items()],
+                "hovertext": [f"{u}<br>{o}: {nbytes(n)}" for (u, o), n in sums.items()],
                 "hoverinfo": "text",
             }
         )

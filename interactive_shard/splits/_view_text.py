@@ -7,8 +7,9 @@ import html
 from typing import TYPE_CHECKING
 
 from interactive_shard.splits.figures import plan_for
-from interactive_shard.splits.figures_lanes import DIFF, fmt_bytes, short_target
+from interactive_shard.splits.figures_lanes import DIFF, short_target
 from interactive_shard.splits.plan import SplitPlanError
+from interactive_shard.ui.format import nbytes
 
 if TYPE_CHECKING:
     from interactive_shard.splits.view import SplitsView
@@ -23,8 +24,8 @@ def what_if_text(view: SplitsView) -> str:
         plan = plan_for(view.model, view.rank, view._position(), **view._caps())
     except (SplitPlanError, LookupError) as err:
         return f"<span style='color:{DIFF}'><b>cannot plan:</b> {html.escape(str(err))}</span>"
-    sizes = ", ".join(fmt_bytes(p.nbytes) for p in plan.partitions)
-    cap = f"cap {fmt_bytes(plan.bucket_bytes_cap)} (first {fmt_bytes(plan.first_bucket_bytes)})"
+    sizes = ", ".join(nbytes(p.nbytes) for p in plan.partitions)
+    cap = f"cap {nbytes(plan.bucket_bytes_cap)} (first {nbytes(plan.first_bucket_bytes)})"
     head = "<b>what if</b> " if view.what_if else "at the compile's own "
     more, fewer = len(plan.partitions), len(comp.partitions)
     trade = (
@@ -36,7 +37,7 @@ def what_if_text(view: SplitsView) -> str:
     )
     return (
         f"{head}{cap}: <b>{more} partition(s)</b> [{sizes}] · captured {fewer} at cap "
-        f"{fmt_bytes(comp.bucket_bytes_cap)} · {trade}"
+        f"{nbytes(comp.bucket_bytes_cap)} · {trade}"
     )
 
 
@@ -50,7 +51,7 @@ def partition_text(view: SplitsView) -> str:
     calls = " → ".join(html.escape(short_target(c)) for c in p.calls)
     rows = [
         f"<b>{html.escape(p.name)}</b> (partition {p.index} of {len(comp.partitions)}) · "
-        f"{fmt_bytes(p.nbytes)} in {len(p.fqns)} parameter(s) · compiled by "
+        f"{nbytes(p.nbytes)} in {len(p.fqns)} parameter(s) · compiled by "
         f"<code>{html.escape(comp.backend)}</code> in {p.compile_s:.3g} s",
         f"<b>parameters</b> (as DDPOptimizer counted them): {fqns}",
         f"<b>inputs</b>: {html.escape(', '.join(p.inputs)) or 'none'} · <b>outputs</b>: "

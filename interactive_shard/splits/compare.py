@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interactive_shard.splits.events import Partition, SplitCompile
-from interactive_shard.splits.plan import MIB, GraphPlan
+from interactive_shard.splits.plan import GraphPlan
+from interactive_shard.ui.format import nbytes
 
 
 @dataclass(frozen=True)
@@ -25,10 +26,6 @@ class Comparison:
         if self.matches:
             return "Comparison(matches: planned == captured)"
         return "Comparison(differs:\n  " + "\n  ".join(self.differences) + ")"
-
-
-def _mib(n: int) -> str:
-    return f"{n / MIB:.3g} MiB"
 
 
 def compare_partition(where: str, planned: Partition, captured: Partition) -> list[str]:
@@ -64,9 +61,9 @@ def compare_graph(where: str, planned: GraphPlan, captured: SplitCompile) -> lis
         captured.first_bucket_bytes,
     ):
         out.append(
-            f"{where}: caps planned {_mib(planned.bucket_bytes_cap)} (first "
-            f"{_mib(planned.first_bucket_bytes)}), DDPOptimizer used "
-            f"{_mib(captured.bucket_bytes_cap)} (first {_mib(captured.first_bucket_bytes)})"
+            f"{where}: caps planned {nbytes(planned.bucket_bytes_cap)} (first "
+            f"{nbytes(planned.first_bucket_bytes)}), DDPOptimizer used "
+            f"{nbytes(captured.bucket_bytes_cap)} (first {nbytes(captured.first_bucket_bytes)})"
         )
     if len(planned.partitions) != len(captured.partitions):
         out.append(
@@ -84,14 +81,14 @@ def versus_runtime(comp: SplitCompile, runtime: Sequence[Any], info: Any) -> lis
     ``.nbytes``), ``info``: its ``WatchInfo`` (DDP's caps) or None."""
     lines = [
         f"DDPOptimizer (compile time): {len(comp.partitions)} partition(s), cap "
-        f"{_mib(comp.bucket_bytes_cap)}, first bucket {_mib(comp.first_bucket_bytes)} (always "
+        f"{nbytes(comp.bucket_bytes_cap)}, first bucket {nbytes(comp.first_bucket_bytes)} (always "
         "1 MiB unless set), parameters counted in reverse graph order."
     ]
     if not runtime:
         lines.append("DDP (run time): no bucket observed yet (watch the model and run a backward).")
         return lines
-    first = f"{_mib(info.first_bucket_bytes)}" if info is not None else "?"
-    cap = f"{_mib(info.bucket_bytes_cap)}" if info is not None else "?"
+    first = f"{nbytes(info.first_bucket_bytes)}" if info is not None else "?"
+    cap = f"{nbytes(info.bucket_bytes_cap)}" if info is not None else "?"
     lines.append(
         f"DDP (run time): {len(runtime)} bucket(s), cap {cap}, first bucket {first}, "
         "parameters in the order their gradients became ready."

@@ -22,11 +22,9 @@ from interactive_shard.splits.events import Partition, SplitCompile
 from interactive_shard.splits.figures_lanes import (
     DIFF,
     MAX_HEIGHT,
-    UNITS,
     figure,
     figure_lanes,
     figure_nothing,
-    fmt_bytes,
     hover_partition,
     pick,
     short_target,
@@ -35,6 +33,7 @@ from interactive_shard.splits.figures_lanes import (
 from interactive_shard.splits.model import SplitsModel
 from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, SplitPlanError, plan_graph
 from interactive_shard.ui.colors import PALETTE
+from interactive_shard.ui.format import byte_unit, nbytes
 from interactive_shard.ui.text import literal
 
 __all__ = [
@@ -127,7 +126,7 @@ def compare_figure(
     want = planned.partitions if planned is not None else []
     marked = differing(want, got) if planned is not None else set()
     largest = max([p.nbytes for p in (*got, *want)] or [1])
-    scale, unit = next((s, u) for s, u in UNITS if max(largest, 1) >= s)
+    scale, unit = byte_unit(largest)
     traces = [
         _bars(got, "", PALETTE[0], marked, scale, "captured"),
         _bars(want, "2", PALETTE[2], marked, scale, "planned"),
@@ -157,9 +156,9 @@ def compare_figure(
         lines = compare_graph(f"compile {comp.index}", planned, comp)
         if what_if:
             verdict = (
-                f"<b>what if</b> cap {fmt_bytes(planned.bucket_bytes_cap)} (first "
-                f"{fmt_bytes(planned.first_bucket_bytes)}): {len(want)} partition(s), "
-                f"captured {len(got)} at cap {fmt_bytes(comp.bucket_bytes_cap)}"
+                f"<b>what if</b> cap {nbytes(planned.bucket_bytes_cap)} (first "
+                f"{nbytes(planned.first_bucket_bytes)}): {len(want)} partition(s), "
+                f"captured {len(got)} at cap {nbytes(comp.bucket_bytes_cap)}"
             )
         elif not lines:
             verdict = "captured = planned"
@@ -299,7 +298,7 @@ def figure_cap_sweep(
     counts = [len(p.partitions) for _, p in found]
     hover = [
         f"cap {c:.3g} MiB: {len(p.partitions)} partition(s)<br>"
-        + ", ".join(fmt_bytes(q.nbytes) for q in p.partitions)
+        + ", ".join(nbytes(q.nbytes) for q in p.partitions)
         for c, p in found
     ]
     traces = [

@@ -22,8 +22,8 @@ import plotly.graph_objects as go
 from interactive_shard.splits._drawing import lane_rect, outline, rect
 from interactive_shard.splits.events import Call, Partition, SplitCompile
 from interactive_shard.splits.model import SplitsModel
-from interactive_shard.splits.plan import MIB
 from interactive_shard.ui.colors import key_color
+from interactive_shard.ui.format import nbytes
 from interactive_shard.ui.plain_figure import figure
 from interactive_shard.ui.text import literal
 
@@ -35,12 +35,6 @@ MAX_NAMED_LANES = 10  # more lanes: numbered headers (the hover names each parti
 MARKER_DX = -0.34  # calls sit at the left of their lane, labels to their right
 LABEL_PX = 13  # a label needs this many pixels of row; fewer: label every n-th call
 MAX_HOVER_FQNS = 8
-UNITS = ((MIB, "MiB"), (2**10, "KiB"), (1, "B"))
-
-
-def fmt_bytes(n: float) -> str:
-    scale, name = next((s, u) for s, u in UNITS if max(n, 1) >= s)
-    return f"{n / scale:.3g} {name}"
 
 
 def short_target(call: Call) -> str:
@@ -159,7 +153,7 @@ def hover_partition(p: Partition) -> str:
     fqns = p.fqns[:MAX_HOVER_FQNS]
     more = len(p.fqns) - len(fqns)
     listed = "<br>  ".join(literal(f) for f in fqns) + (f"<br>  … {more} more" if more else "")
-    return f"<b>{literal(p.name)}</b>: {len(p.fqns)} parameter(s), {fmt_bytes(p.nbytes)}" + (
+    return f"<b>{literal(p.name)}</b>: {len(p.fqns)} parameter(s), {nbytes(p.nbytes)}" + (
         f"<br>  {listed}" if fqns else ""
     )
 
@@ -270,7 +264,7 @@ def lanes_figure(comp: SplitCompile, *, rank: int = 0, selected: int | None = No
 def _lane_ticks(parts: Sequence[Partition]) -> dict[str, Any]:
     """Lane headers: name and bytes, or (many lanes) every n-th lane's number."""
     if len(parts) <= MAX_NAMED_LANES:
-        text = [f"{literal(p.name)}<br>{fmt_bytes(p.nbytes)}" for p in parts]
+        text = [f"{literal(p.name)}<br>{nbytes(p.nbytes)}" for p in parts]
         return {"tickmode": "array", "tickvals": list(range(len(parts))), "ticktext": text}
     every = math.ceil(len(parts) / MAX_NAMED_LANES)
     shown = list(range(0, len(parts), every))
@@ -301,8 +295,8 @@ def _lanes_title(comp: SplitCompile, rank: int) -> str:
     )
     return (
         f"<b>Graph splits · rank {rank} · compile {comp.index}</b> · backend "
-        f"{literal(comp.backend)}<br>{shape} · cap {fmt_bytes(comp.bucket_bytes_cap)}, first "
-        f"bucket {fmt_bytes(comp.first_bucket_bytes)} · compiled in {comp.compile_s:.3g} s"
+        f"{literal(comp.backend)}<br>{shape} · cap {nbytes(comp.bucket_bytes_cap)}, first "
+        f"bucket {nbytes(comp.first_bucket_bytes)} · compiled in {comp.compile_s:.3g} s"
         "<br><span style='font-size:11px'>bands: autocast and grad-mode regions · ▶ the partition "
         "enters a region, ◀ leaves it (split_module copies both into every partition)</span>"
     )

@@ -5,7 +5,8 @@ buckets (what a front end without widgets shows; ``ui/fallback.py``)."""
 from __future__ import annotations
 
 from interactive_shard.splits.model import SplitsModel
-from interactive_shard.ui.fallback import listed, nbytes
+from interactive_shard.ui.fallback import listed
+from interactive_shard.ui.format import nbytes
 
 MAX_PIECES = 8  # listed one a line; more are counted
 

@@ -27,11 +27,11 @@ from interactive_shard.splits.figures import (
     plan_for,
     report_figures,
 )
-from interactive_shard.splits.figures_lanes import fmt_bytes
 from interactive_shard.splits.model import Compilation, SplitsModel
 from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, SplitPlanError
 from interactive_shard.ui import live
 from interactive_shard.ui.controls import CAP_STEP, Panels, clamp_log2, log2_grid, swap_figure
+from interactive_shard.ui.format import nbytes
 
 __all__ = ["SplitsView", "report_figures"]
 
@@ -243,7 +243,7 @@ class SplitsView(Panels, live.LazyWidget):
         if comp is None or not comp.partitions:
             return [("none", 0)]
         return [
-            (f"{p.index}: {p.name} · {fmt_bytes(p.nbytes)} · {len(p.fqns)} params", p.index)
+            (f"{p.index}: {p.name} · {nbytes(p.nbytes)} · {len(p.fqns)} params", p.index)
             for p in comp.partitions
         ]
 

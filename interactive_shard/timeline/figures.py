@@ -23,7 +23,6 @@ from interactive_shard.timeline.figures_lanes import (
     BOTTOM_PX,
     TOP_PX,
     every_nth,
-    fmt_ms,
     height_for,
     lane_axis,
     lay_out,
@@ -32,6 +31,7 @@ from interactive_shard.timeline.figures_lanes import (
     window_trace,
 )
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
+from interactive_shard.ui.format import duration_ms
 from interactive_shard.ui.plain_figure import figure
 from interactive_shard.ui.text import literal
 
@@ -84,7 +84,7 @@ def overlap_text(
     share = sum(f.overlap for f in found) / len(found)
     exposed = sum(f.exposed for f in found) / len(found)
     mean = "" if iteration is not None or len(found) == 1 else f" (mean of {len(found)} iterations)"
-    return f"backward overlap {share:.0%} · exposed {fmt_ms(exposed)}{mean}"
+    return f"backward overlap {share:.0%} · exposed {duration_ms(exposed)}{mean}"
 
 
 def _which(model: TimelineModel, iteration: int | None) -> str:

@@ -16,9 +16,10 @@ import numpy as np
 import plotly.graph_objects as go
 
 from interactive_shard.timeline.figures import Spec
-from interactive_shard.timeline.figures_lanes import every_nth, fmt_bytes, fmt_ms
+from interactive_shard.timeline.figures_lanes import every_nth
 from interactive_shard.timeline.model import TimelineModel
 from interactive_shard.ui.colors import rank_color
+from interactive_shard.ui.format import duration_ms, nbytes
 from interactive_shard.ui.plain_figure import figure
 from interactive_shard.ui.text import literal
 
@@ -59,7 +60,7 @@ def overlap_spec(model: TimelineModel, selected: int | None = None) -> Spec:
                     [
                         f"rank {r} · iteration {it}<br>backward overlap "
                         + (f"{f.overlap:.0%}" if math.isfinite(f.overlap) else "—")
-                        + f"<br>exposed {fmt_ms(f.exposed)}"
+                        + f"<br>exposed {duration_ms(f.exposed)}"
                         for it, f in zip(its, found, strict=True)
                     ],
                     dtype=object,
@@ -98,7 +99,7 @@ def collectives_spec(model: TimelineModel, iteration: int | None = None) -> Spec
     found = model.collectives(it) if it is not None else []
     if not found:
         return [], {"title": {"text": "No collectives matched across ranks yet"}, "height": 200}
-    labels = [f"{c.index}: {literal(c.op)} {fmt_bytes(float(c.nbytes))}" for c in found]
+    labels = [f"{c.index}: {literal(c.op)} {nbytes(float(c.nbytes))}" for c in found]
     per_rank: dict[int, dict[str, list[Any]]] = {}
     ring: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
     for label, c in zip(labels, found, strict=True):
@@ -109,10 +110,10 @@ def collectives_spec(model: TimelineModel, iteration: int | None = None) -> Spec
         for r, start in sorted(starts.items()):
             lag = (start - first) * 1e3
             text = (
-                f"<b>{literal(c.op)}</b> #{c.index} · {fmt_bytes(float(c.nbytes))} · group "
+                f"<b>{literal(c.op)}</b> #{c.index} · {nbytes(float(c.nbytes))} · group "
                 f"{literal(c.group)}<br>rank {r} arrived {lag:.3f} ms after the first"
-                f"<br>waited {fmt_ms(waited.get(r, 0.0))} for the last"
-                + (f" · took {fmt_ms(ends[r] - start)}" if r in ends else "")
+                f"<br>waited {duration_ms(waited.get(r, 0.0))} for the last"
+                + (f" · took {duration_ms(ends[r] - start)}" if r in ends else "")
                 + (" · <b>straggler</b>" if r == late else "")
             )
             mine = per_rank.setdefault(r, {"x": [], "y": [], "text": []})
@@ -157,7 +158,7 @@ def collectives_spec(model: TimelineModel, iteration: int | None = None) -> Spec
     layout = {
         "title": {
             "text": f"Collectives · iteration {it} · {len(found)} matched across ranks · "
-            f"longest wait {fmt_ms(most)}<br><sup>arrival: when a rank issued it, after the "
+            f"longest wait {duration_ms(most)}<br><sup>arrival: when a rank issued it, after the "
             "first rank did; the ringed rank arrived last</sup>"
         },
         "xaxis": {"title": {"text": "collective (in issue order)"}, "type": "category"},

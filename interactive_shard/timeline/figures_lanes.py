@@ -17,14 +17,13 @@ import numpy as np
 
 from interactive_shard.timeline.events import KINDS
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
+from interactive_shard.ui.format import nbytes
 from interactive_shard.ui.text import literal
 
 __all__ = [
     "KIND_COLORS",
     "Lanes",
     "every_nth",
-    "fmt_bytes",
-    "fmt_ms",
     "height_for",
     "hover",
     "lane_axis",
@@ -52,16 +51,6 @@ ROW_PX, TOP_PX, BOTTOM_PX, MIN_HEIGHT, MAX_HEIGHT = 22, 110, 110, 300, 1400
 LEGEND_GAP_PX = 48  # below the plot: under the time axis's title
 BAR_WIDTH = 0.8  # of a lane's height
 WINDOW_OPACITY = 0.12  # the backward phase behind a rank's lanes
-UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
-
-
-def fmt_bytes(n: float) -> str:
-    scale, name = next((s, u) for s, u in UNITS if max(n, 1) >= s)
-    return f"{n / scale:.3g} {name}" if scale > 1 else f"{int(n)} B"
-
-
-def fmt_ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
 
 
 # -- long runs: what a screen can show -------------------------------------------------------
@@ -153,9 +142,9 @@ def hover(s: TimelineSpan, origin: float) -> str:
     ]
     d = dict(s.detail)
     if s.kind == "collective":
-        op, nbytes = d.pop("op", s.name), d.pop("nbytes", 0)
+        op, size_b = d.pop("op", s.name), d.pop("nbytes", 0)
         dtype, group, size = d.pop("dtype", ""), d.pop("group", "?"), d.pop("group_size", "?")
-        nb = fmt_bytes(float(nbytes)) if isinstance(nbytes, int | float) else literal(nbytes)
+        nb = nbytes(float(size_b)) if isinstance(size_b, int | float) else literal(size_b)
         lines.append(f"{literal(op)} · {nb} · {literal(dtype)}")
         lines.append(f"group {literal(group)} ({literal(size)} ranks)")
         if d.pop("backward", False):

@@ -128,10 +128,3 @@ def listed(items: list[str], limit: int = 6) -> str:
     """``a, b, c and 4 more``: a list a line can hold."""
     shown = ", ".join(items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
-
-
-def nbytes(n: float) -> str:
-    """``12.5 KiB``: a byte count a reader takes in at a glance."""
-    if n < 1024:
-        return f"{n:,.0f} B"
-    return f"{n / 1024:,.1f} KiB" if n < 2**20 else f"{n / 2**20:,.1f} MiB"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,22 @@ RECORDING_HEADER: dict[str, Any] = {
     "extra": {},
     "results": None,
 }
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
+    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds saying ``what``.
+
+    The one way a test waits for something to happen (never a bare sleep that hopes)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or predicate!r}")
+        time.sleep(0.01)
+
+
+def gone(pids: Iterable[int]) -> bool:
+    """Whether every process in ``pids`` has ended (a zombie has: only its entry is left)."""
+    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == "zombie" for p in pids)
 
 
 def make_store(events: Iterable[Event] = (), *, world_size: int = 2, **info: Any) -> RunStore:

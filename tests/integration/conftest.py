@@ -40,7 +40,9 @@ def no_orphans() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    """Two CPU ranks shared by a module's tests (a module may define its own)."""
-    with ish.Cluster(2, timeout=120) as c:
+def cluster(request: pytest.FixtureRequest) -> Iterator[ish.Cluster]:
+    """The CPU ranks a module's tests share: two, with a 120 s collective timeout, unless
+    the module says otherwise in ``CLUSTER`` (``Cluster``'s keyword arguments)."""
+    options = {"nprocs": 2, "timeout": 120, **getattr(request.module, "CLUSTER", {})}
+    with ish.Cluster(**options) as c:
         yield c

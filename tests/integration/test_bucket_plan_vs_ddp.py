@@ -391,10 +391,7 @@ def test_delayed_parameters_are_in_no_bucket(observed: dict[str, Observed]) -> N
     assert "head.weight" in {f for b in tied[1] for f in b[0]}  # the tensor stays, renamed
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(2, timeout=60) as c:
-        yield c
+CLUSTER = {"timeout": 60}  # the shared fixture's options (conftest.py)
 
 
 def _watched(ctx: Any, model_name: str, ddp_kwargs: dict[str, Any]) -> None:

@@ -6,7 +6,6 @@ without see the same model and data and can be compared bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,10 +37,7 @@ WATCH, BUCKET, ITERATION = DdpWatch.KIND, BucketReduced.KIND, DdpIteration.KIND
 MLP_FQNS = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(2, timeout=60) as c:
-        yield c
+CLUSTER = {"timeout": 60}  # the shared fixture's options (conftest.py)
 
 
 # -- rank code ---------------------------------------------------------------------------

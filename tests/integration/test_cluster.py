@@ -9,21 +9,17 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from support import wait_for
 
 import interactive_shard as ish
 
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(nprocs=2, timeout=20, echo=False) as c:
-        yield c
+CLUSTER = {"timeout": 20, "echo": False}  # the shared fixture's options (conftest.py)
 
 
 def all_reduce_rank(ctx, scale: float = 1.0):
@@ -135,10 +131,7 @@ def test_kill_9_during_a_run(cluster: ish.Cluster) -> None:
         time.sleep(30)
 
     run = cluster.run(pid_then_sleep, wait=False)
-    deadline = time.monotonic() + 5
-    while not run.logs(1):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(lambda: run.logs(1), timeout=5, what="rank 1's pid")
     pid = int(run.logs(1)[0].split()[1])
     start = time.monotonic()
     os.kill(pid, signal.SIGKILL)
@@ -153,8 +146,7 @@ def test_kill_9_during_a_run(cluster: ish.Cluster) -> None:
 def test_kill_9_while_idle_restarts_on_next_run(cluster: ish.Cluster) -> None:
     pid = cluster.run(lambda ctx: os.getpid()).results[0]
     os.kill(pid, signal.SIGKILL)
-    time.sleep(0.3)
-    assert cluster.rank_states[0].value == "failed"
+    wait_for(lambda: cluster.rank_states[0].value == "failed", timeout=5, what="the death seen")
     with pytest.warns(RuntimeWarning, match="rank 0 was killed by SIGKILL"):
         assert cluster.run(all_reduce_rank).results == [3.0, 3.0]
 
@@ -226,8 +218,13 @@ def test_garbage_collection_stops_ranks() -> None:
     import gc
 
     gc.collect()
-    time.sleep(0.5)
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+    wait_for(
+        lambda: (
+            not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+        ),
+        timeout=5,
+        what="the collected cluster's ranks to go",
+    )
 
 
 def test_no_orphans_after_20_launch_fail_cycles() -> None:
@@ -257,10 +254,13 @@ def test_kernel_killed_with_sigkill_leaves_no_ranks(tmp_path: Path) -> None:
     pids = [int(p) for p in proc.stdout.readline().split()]
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 3
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
-        assert time.monotonic() < deadline, f"ranks {pids} outlived their kernel"
-        time.sleep(0.05)
+    wait_for(
+        lambda: (
+            not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+        ),
+        timeout=3,
+        what=f"ranks {pids} to die with their kernel",
+    )
 
 
 def test_save_and_load_a_real_run(cluster: ish.Cluster, tmp_path: Path) -> None:

@@ -5,10 +5,8 @@ the ranks, and FSDP2 mixed precision against its plan (issue 12: more ranks)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -20,10 +18,7 @@ RANKS = 4
 STRAGGLER = 3
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(RANKS, timeout=180) as c:
-        yield c
+CLUSTER = {"nprocs": RANKS, "timeout": 180}  # the shared fixture's options (conftest.py)
 
 
 def _ddp_run(ctx: Any, steps: int = 3) -> dict[str, Any]:

@@ -11,13 +11,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import hostile
 import psutil
 import pytest
 import zmq
+from support import wait_for
 
 import interactive_shard as ish
 from interactive_shard.telemetry import channel, schema
@@ -26,10 +27,7 @@ HOSTILE = str(hostile.ROOT / "tests" / "hostile.py")
 RSS_LIMIT_MIB = 300
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(nprocs=2, timeout=20, echo=False) as c:
-        yield c
+CLUSTER = {"timeout": 20, "echo": False}  # the shared fixture's options (conftest.py)
 
 
 @pytest.fixture
@@ -41,13 +39,6 @@ def push(cluster: ish.Cluster) -> Iterator[zmq.Socket]:
     yield sock
     sock.close(linger=0)
     ctx.term()
-
-
-def _wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def emit_numbered(ctx: Any, n: int, chunks: int = 1, pause: float = 0.0) -> None:
@@ -74,7 +65,7 @@ def test_no_single_message_stops_the_collector(cluster: ish.Cluster, push: zmq.S
     before = collector.rejected
     for data, _ in shapes.values():
         push.send(data)
-    _wait_for(lambda: collector.rejected - before >= len(shapes), timeout=5)
+    wait_for(lambda: collector.rejected - before >= len(shapes), timeout=5)
     run = cluster.run(emit_numbered, 200)
     _assert_all_arrived(run, 200)
     assert collector.rejected - before == len(shapes)
@@ -88,7 +79,9 @@ def test_a_flood_of_hostile_messages_loses_no_good_event(cluster: ish.Cluster) -
     cmd = [sys.executable, HOSTILE, "flood", address, token, "--messages", "20000"]
     flood = subprocess.Popen([*cmd, "--oversized", "10"], stdout=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: collector.rejected > sum(before.values()) + 500)  # it is under way
+        wait_for(
+            lambda: collector.rejected > sum(before.values()) + 500, timeout=30
+        )  # it is under way
         run = cluster.run(emit_numbered, 4000, 20, 0.05)  # 1 s of events, in 20 batches
         out, _ = flood.communicate(timeout=60)
     finally:
@@ -101,7 +94,7 @@ def test_a_flood_of_hostile_messages_loses_no_good_event(cluster: ish.Cluster) -
         return collector.rejected_by_reason.get(reason, 0) - before.get(reason, 0)
 
     small = {r: n for r, n in sent.items() if r != "oversized"}
-    _wait_for(lambda: all(counted(r) >= n for r, n in small.items()))
+    wait_for(lambda: all(counted(r) >= n for r, n in small.items()), timeout=30)
     assert {r: counted(r) for r in small} == small
     assert counted(channel.CONNECTION_DROPPED) >= 1
 
@@ -161,7 +154,7 @@ def test_oversized_unauthenticated_flood_keeps_collector_memory_bounded() -> Non
             stats.update(json.loads(host.stdout.readline()))
             return bool(stats["batches"])
 
-        _wait_for(arrived)
+        wait_for(arrived, timeout=30)
     finally:
         done.set()
         ctx.term()

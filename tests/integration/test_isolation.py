@@ -17,7 +17,6 @@ import textwrap
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -31,11 +30,13 @@ import interactive_shard as ish
 BEFORE: set[int] = set()
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
+CLUSTER = {"timeout": 20, "echo": False}  # the shared fixture's options (conftest.py)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ports_before_the_cluster() -> None:
+    """Autouse, so it runs before the module's ``cluster`` starts."""
     BEFORE.update(p for _, p in listening(os.getpid()))
-    with ish.Cluster(nprocs=2, timeout=20, echo=False) as c:
-        yield c
 
 
 def rank_pids(cluster: ish.Cluster) -> list[int]:

@@ -7,7 +7,6 @@ parameters, the find_unused_parameters walk, bit-identical training and detach (
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -20,12 +19,6 @@ import interactive_shard as ish
 from interactive_shard.lifecycle import probe
 from interactive_shard.lifecycle.events import LifecycleCheck, LifecycleIteration, LifecycleWatch
 from interactive_shard.probing.compat import ddp as compat_ddp
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(2, timeout=120) as c:
-        yield c
 
 
 class Net(nn.Module):

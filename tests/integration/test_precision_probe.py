@@ -9,7 +9,6 @@ The model is ``Sequential(Linear(8, 16), Inner(16), Inner(16), Linear(16, 4))`` 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -50,10 +49,7 @@ MP = MixedPrecisionPolicy
 DTYPE_ERROR = "mat1 and mat2 must have the same dtype"
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(2, timeout=60) as c:
-        yield c
+CLUSTER = {"timeout": 60}  # the shared fixture's options (conftest.py)
 
 
 # -- rank code ---------------------------------------------------------------------------

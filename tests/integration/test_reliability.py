@@ -15,16 +15,13 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from support import gone, wait_for
 
 import interactive_shard as ish
 from interactive_shard.cluster import output
 from interactive_shard.telemetry.store import RunStore
 
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(2, timeout=30, echo=False) as c:
-        yield c
+CLUSTER = {"timeout": 30, "echo": False}  # the shared fixture's options (conftest.py)
 
 
 def all_reduce_rank(ctx):
@@ -39,10 +36,6 @@ def sleep_long(ctx):
 
 def rank_pids(cluster: ish.Cluster) -> list[int]:
     return cluster.run(lambda ctx: os.getpid()).results
-
-
-def gone(pids: list[int]) -> bool:
-    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == "zombie" for p in pids)
 
 
 @pytest.fixture
@@ -81,10 +74,7 @@ def test_launch_without_waiting_closes_its_ranks_when_the_run_ends() -> None:
     run = ish.launch(lambda ctx: time.sleep(4) or os.getpid(), wait=False, echo=False)
     assert not run.done
     pids = run.wait(timeout=30).results  # past close's 3 s grace: not cut short
-    deadline = time.monotonic() + 5
-    while not gone(pids):
-        assert time.monotonic() < deadline, "launch left its ranks running"
-        time.sleep(0.05)
+    wait_for(lambda: gone(pids), timeout=5, what="launch's ranks to go")
 
 
 def test_restart_ends_a_background_run_and_the_next_run_works() -> None:
@@ -129,10 +119,7 @@ def test_a_result_that_raises_systemexit_when_unpickled_is_an_error(
         cluster.run(lambda ctx: _ExitsWhenUnpickled())
     # The supervisor lives on: a rank's death in the next run is seen at once.
     run = cluster.run(lambda ctx: print(os.getpid(), flush=True) or time.sleep(30), wait=False)
-    deadline = time.monotonic() + 5
-    while not run.logs(1):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(lambda: run.logs(1), timeout=5, what="rank 1's pid")
     os.kill(int(run.logs(1)[0]), signal.SIGKILL)
     with pytest.raises(ish.RankError, match="killed by SIGKILL"):
         run.wait(timeout=10)
@@ -289,10 +276,10 @@ def test_no_growth_over_200_runs_and_20_cluster_cycles(cluster: ish.Cluster) -> 
             c.restart()
             c.run(sleep_long, wait=False)
         c.close()
-    time.sleep(0.5)  # reaped processes' pipes and threads wind down
+    # Reaped processes' pipes and threads wind down within moments.
+    wait_for(lambda: _footprint()[1:] == before[1:], timeout=5, what="threads and ranks to go")
     after = _footprint()
     assert after[0] <= before[0] + 2, f"fds {before[0]} -> {after[0]}"
-    assert after[1:] == before[1:], f"threads, ranks {before[1:]} -> {after[1:]}"
     assert not [d for d in directories if d.exists()]
 
 
@@ -362,10 +349,7 @@ def test_the_listener_refuses_a_port_in_use_and_a_wrong_token() -> None:
             wrong.emit("scalar", {"name": "x", "value": 1.0})
             wrong.flush(final=True)
             wrong.close()
-            deadline = time.monotonic() + 5
-            while not listener._collector.rejected:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            wait_for(lambda: listener._collector.rejected, timeout=5, what="the refusal")
             assert listener._collector.rejected_by_reason["wrong token"] >= 1  # and its BYE
         finally:
             listener.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -29,12 +29,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 WIDTH = 600  # a Linear(600, 600) holds 1.44 MB: one per partition at a 1 MiB cap
 ENTER, EXIT, SET_GRAD = "_enter_autocast(", "_exit_autocast(", "_set_grad_enabled("
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(2, timeout=120) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -139,12 +139,6 @@ def _compiled_step(ctx: Any, undo: bool) -> str:
     return str(out.dtype)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(2, timeout=120) as c:
-        yield c
-
-
 def test_capture_shows_the_missing_regions(cluster: ish.Cluster) -> None:
     plan = ish.plan_splits(_model(), (_batch(),), bucket_cap_mb=1)
     assert len(plan.partitions) == 3

@@ -5,7 +5,6 @@ training, detach, options (Note [Timeline probe])."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -18,12 +17,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import interactive_shard as ish
 from interactive_shard.timeline.events import TimelineSpans, TimelineWatch
 from interactive_shard.timeline.examples import FlatViewBlocks, Stack
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ish.Cluster]:
-    with ish.Cluster(2, timeout=120) as c:
-        yield c
 
 
 def _fsdp2(ctx: Any, compiled: bool, steps: int = 2) -> str:

@@ -6,12 +6,13 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import hostile
 import numpy as np
 import pytest
 import zmq
+from support import wait_for
 
 from interactive_shard.telemetry import (
     Collector,
@@ -24,13 +25,6 @@ from interactive_shard.telemetry import (
     schema,
 )
 from interactive_shard.telemetry.schema import MAX_MESSAGE_BYTES, MAX_PAYLOAD_DEPTH, Batch
-
-
-def _wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -66,7 +60,7 @@ def test_every_hostile_shape_is_counted_by_reason_and_the_next_good_one_arrives(
         push.send(data)
         expected[reason] = expected.get(reason, 0) + 1
     push.send(_good(c.token, 7))
-    _wait_for(lambda: received)
+    wait_for(lambda: received)
     assert c.rejected_by_reason == expected
     assert c.rejected == len(shapes)
     assert [e.payload for b in received for e in b.events] == [{"value": 7}]
@@ -87,7 +81,7 @@ def test_wrong_token_is_refused_before_the_body_is_decoded(
     monkeypatch.setattr(schema, "decode_body", spy)
     push.send(hostile.message(hostile.WRONG, b"\x90" * (MAX_MESSAGE_BYTES // 2)))
     push.send(_good(c.token))
-    _wait_for(lambda: received)
+    wait_for(lambda: received)
     assert c.rejected_by_reason == {schema.WRONG_TOKEN: 1}
     assert decoded == [len(_good(c.token)) - schema.HEADER_SIZE]  # only the good one
 
@@ -99,10 +93,10 @@ def test_oversized_message_is_counted_and_a_clean_close_is_not(
     em = Emitter(c.address, c.token, rank=0)
     em.emit("scalar", {"value": 1})
     em.flush(final=True)
-    _wait_for(lambda: received)
+    wait_for(lambda: received)
     em.close()  # says BYE first: not a drop
     push.send(hostile.message(hostile.WRONG, b"\x90" * MAX_MESSAGE_BYTES))  # over by its header
-    _wait_for(lambda: c.rejected)
+    wait_for(lambda: c.rejected)
     time.sleep(0.2)  # the Emitter's disconnect, if it were counted, has been seen by now
     assert c.rejected_by_reason == {channel.CONNECTION_DROPPED: 1}
 
@@ -119,7 +113,7 @@ def test_emitter_splits_a_batch_too_large_for_one_message(
         em.emit("blob", {"i": 12, "text": "x" * MAX_MESSAGE_BYTES})  # can never fit: dropped
         em.emit("blob", {"i": 13})
         em.flush(final=True)
-        _wait_for(lambda: any(b.final for b in received))
+        wait_for(lambda: any(b.final for b in received))
     finally:
         em.close()
     assert [e.payload["i"] for b in received for e in b.events] == [*range(12), 13]
@@ -202,7 +196,7 @@ def test_rejections_log_once_then_one_summary_per_interval(
         push.send(b"garbage garbage garbage garbage garbage garbage garbage garbage garbage!")
     for _ in range(1000):
         push.send(hostile.message(hostile.WRONG, b""))
-    _wait_for(lambda: c.rejected == 4000)
+    wait_for(lambda: c.rejected == 4000)
     time.sleep(1.2)
     lines = [r.getMessage() for r in caplog.records if r.name == channel.__name__]
     assert 2 <= len(lines) <= 4, lines  # first + one summary per 0.5 s of flood
@@ -258,7 +252,7 @@ def test_listener_refuses_batches_for_foreign_or_unknown_ranks() -> None:
         sock.send(hostile.message(listener.token, body, rank=0))
         sock.send(hostile.message(listener.token, hostile.events_body(), rank=5, flags=1))
         c = listener._collector
-        _wait_for(lambda: c.rejected == 2)
+        wait_for(lambda: c.rejected == 2)
         assert c.rejected_by_reason == {schema.RANK_MISMATCH: 1, schema.UNKNOWN_RANK: 1}
         sock.close(linger=0)
         ctx.term()
@@ -286,7 +280,7 @@ def test_threads_emitting_while_flushes_run_lose_nothing(
     for w in workers:
         w.join()
     em.flush(final=True)
-    _wait_for(lambda: any(b.final for b in received))
+    wait_for(lambda: any(b.final for b in received))
     em.close()
     seen: dict[str, list[int]] = {}
     for batch in received:

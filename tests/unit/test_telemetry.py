@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import msgspec
 import pytest
 import torch
 import zmq
-from support import make_store
+from support import make_store, wait_for
 
 from interactive_shard.telemetry import Collector, Emitter, Event, PayloadError
 from interactive_shard.telemetry.consume import Cursor
@@ -34,13 +32,6 @@ def test_payload_check_names_the_bad_value() -> None:
         Emitter.emit(emitter_like, "probe", {"ok": 1, "grad": [torch.ones(1)]})
 
 
-def _wait_for(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_emitter_to_collector_delivers_everything_in_order() -> None:
     received: list[Batch] = []
     collector = Collector(received.append)
@@ -49,7 +40,7 @@ def test_emitter_to_collector_delivers_everything_in_order() -> None:
         for i in range(5000):
             emitter.emit("scalar", {"name": "x", "value": i}, step=i)
         emitter.flush(final=True)
-        _wait_for(lambda: any(b.final for b in received))
+        wait_for(lambda: any(b.final for b in received))
         values = [e.payload["value"] for b in received for e in b.events]
         assert values == list(range(5000))
         assert all(b.rank == 1 for b in received)
@@ -84,13 +75,13 @@ def test_explicit_flushes_run_the_hooks_timed_flushes_do_not() -> None:
     del collected  # held weakly: gone with its object
     try:
         emitter.emit("scalar", {"name": "x", "value": 0})
-        _wait_for(lambda: len(received) == 1)  # the timed flush: no hook ran
+        wait_for(lambda: len(received) == 1)  # the timed flush: no hook ran
         assert holder.held == [1, 2]
         emitter.flush()
         remove()
         holder.held = [3]
         emitter.flush(final=True)
-        _wait_for(lambda: any(b.final for b in received))
+        wait_for(lambda: any(b.final for b in received))
         values = [e.payload["value"] for b in received for e in b.events]
         assert values == [0, 1, 2] and holder.held == [3]
     finally:
@@ -109,7 +100,7 @@ def test_collector_drops_wrong_token_and_garbage() -> None:
         sock.send(encode_batch(Batch(SCHEMA_VERSION, "wrong", 1, 0, [])))
         sock.send(encode_batch(Batch(SCHEMA_VERSION + 1, collector.token, 1, 0, [])))
         sock.send(encode_batch(Batch(SCHEMA_VERSION, collector.token, 1, 0, [], final=True)))
-        _wait_for(lambda: len(received) == 1)
+        wait_for(lambda: len(received) == 1)
         assert collector.rejected == 3
     finally:
         sock.close(linger=0)

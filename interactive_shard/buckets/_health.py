@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from interactive_shard.buckets import analysis
-from interactive_shard.buckets._raw import PAYLOAD, RawEvents
+from interactive_shard.buckets._lazy_events import PAYLOAD, RawEvents
 from interactive_shard.buckets.analysis import Finding
 from interactive_shard.buckets.records import IterationRecord, WatchInfo
 from interactive_shard.telemetry.schema import Event

@@ -3,7 +3,7 @@
 ``BucketEvents`` is the model's lower half: it takes where the new events of its three
 kinds lie in the store (``RunStore.positions``, one call per kind, touching no event)
 and files ``bucket`` and ``ddp_iteration`` events by position, unread (Note [Lazy
-bucket events] in ``_raw.py``). A ``ddp_watch`` is rare and ordered against the others
+bucket events] in ``_lazy_events.py``). A ``ddp_watch`` is rare and ordered against the others
 by position, so that a rank watched again has its earlier events superseded and only
 those. Malformed events are counted once
 (``skipped``), the first of each kind logged.
@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 
 from interactive_shard.buckets import records
-from interactive_shard.buckets._raw import RawEvents
+from interactive_shard.buckets._lazy_events import RawEvents
 from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWatch
 from interactive_shard.buckets.records import IterationRecord, RecordError, WatchInfo
 from interactive_shard.telemetry.schema import Event

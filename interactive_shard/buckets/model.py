@@ -10,7 +10,7 @@ At scale (10,000 iterations, 100,000 events) an update reads nothing of the new
 events: ``bucket`` and ``ddp_iteration`` events are filed unread (``_ingest.py``) and
 indexed by iteration in C-level passes when something needs them all; what a live
 view shows, the newest iteration, is found walking back from the newest events
-(Note [Lazy bucket events] in ``_raw.py``). An iteration's events are decoded when it
+(Note [Lazy bucket events] in ``_lazy_events.py``). An iteration's events are decoded when it
 is asked for (and cached). Health is decided on the raw payloads except where an
 iteration looks unhealthy (``_health.py``), under a time budget when a view asks
 (``check_health``). A malformed event is skipped and counted in ``skipped`` when it is

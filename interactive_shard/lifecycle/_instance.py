@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from interactive_shard.lifecycle._table import PURPOSES, IterationTable, NamePool, Parts
+from interactive_shard.lifecycle._iteration_columns import PURPOSES, IterationTable, NamePool, Parts
 from interactive_shard.lifecycle.events import Collective, LifecycleIteration, LifecycleWatch
 from interactive_shard.telemetry.schema import Event
 

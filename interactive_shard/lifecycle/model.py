@@ -5,7 +5,7 @@ Consumes the ``lifecycle_*`` events of a ``RunStore`` (``events.py``, ``docs/eve
 with a cursor, so it serves a live run and a loaded recording alike. No widgets, no torch.
 
 Scale: an update costs what arrived since the last one, in bulk. Each instance keeps
-its iterations as numpy columns (``_table.IterationTable``: a batch of events merged in
+its iterations as numpy columns (``_iteration_columns.IterationTable``: a batch of events merged in
 a few numpy calls); the ``Iteration`` objects of ``Instance.iterations`` are built from
 them (and the raw events, for the collectives' details) only when read, and cached.
 The figures and the view read the columns.
@@ -35,9 +35,9 @@ from interactive_shard.lifecycle._instance import Instance as Instance
 from interactive_shard.lifecycle._instance import Iteration as Iteration
 from interactive_shard.lifecycle._instance import ObservedCollective as ObservedCollective
 from interactive_shard.lifecycle._instance import advice
-from interactive_shard.lifecycle._table import PURPOSE_ORDER as PURPOSE_ORDER
-from interactive_shard.lifecycle._table import PURPOSES as PURPOSES
-from interactive_shard.lifecycle._table import CheckRecord, NamePool, Parts, decode
+from interactive_shard.lifecycle._iteration_columns import PURPOSE_ORDER as PURPOSE_ORDER
+from interactive_shard.lifecycle._iteration_columns import PURPOSES as PURPOSES
+from interactive_shard.lifecycle._iteration_columns import CheckRecord, NamePool, Parts, decode
 from interactive_shard.lifecycle.events import LifecycleCheck, LifecycleIteration, LifecycleWatch
 from interactive_shard.telemetry.consume import Budget, Cursor
 from interactive_shard.telemetry.schema import Event

@@ -11,7 +11,7 @@ twice leaves two Reducers' hooks on every gradient accumulator. And the collecti
 that matter happen where a probe attached by ``ish.watch(ddp)`` cannot see them:
 ``_sync_module_states`` runs inside ``DistributedDataParallel.__init__``.
 
-Recorder (``probing/collective_log.py``, one per process): the cluster's worker starts it
+CollectiveLog (``probing/collective_log.py``, one per process): the cluster's worker starts it
 right after ``init_process_group`` (a torchrun rank: the first lifecycle probe does). It listens to
 the ``torch.distributed`` wrappers (``probing.collectives``: DDP issues its syncs as
 ``dist._broadcast_coalesced`` and its delayed all-reduce as ``dist.all_reduce``, looked
@@ -41,7 +41,7 @@ itself (``PASSES``) so that its last pass runs after DDP's own: DDP queues
 first iteration's ``_delay_all_reduce`` from ``_DDPSink``'s backward, both possibly after
 ours. The last pass calls ``ddp._check_reducer_finalized()``, DDP's own check.
 
-Graph walk (``_walk.py``): the time from ``_find_tensors(output)`` to
+Graph walk (``_graph_walk_timer.py``): the time from ``_find_tensors(output)`` to
 ``_tree_flatten_with_rref`` in ``_post_forward`` brackets ``prepare_for_backward``'s
 search of the graph, which only ``find_unused_parameters=True`` runs.
 
@@ -67,9 +67,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from interactive_shard.lifecycle import _checks, _walk
-from interactive_shard.lifecycle._part import Part
-from interactive_shard.lifecycle._watch import delayed_owners, watch_event
+from interactive_shard.lifecycle import _checks, _graph_walk_timer
+from interactive_shard.lifecycle._instance_watch import delayed_owners, watch_event
+from interactive_shard.lifecycle._iteration_record import Part
 from interactive_shard.lifecycle.events import LifecycleCheck
 from interactive_shard.probing import collective_log as _ring
 from interactive_shard.probing import spy as _spy
@@ -147,7 +147,7 @@ class LifecycleProbe:
         self._undo: list[Callable[[], None]] = [telemetry.before_flush(self.send)]
         self.rec.subscribers.append(self._on_record)
         self._undo.append(lambda: self.rec.subscribers.remove(self._on_record))
-        self._undo.append(_walk.install())
+        self._undo.append(_graph_walk_timer.install())
         hooked = ddp if outer is None else outer
         pre = hooked.register_forward_pre_hook(self._before_forward, prepend=True)
         post = hooked.register_forward_hook(self._after_forward)
@@ -210,11 +210,11 @@ class LifecycleProbe:
         if training:
             self._part.forwards += 1
         self.walk_start = self.walk_end = None
-        _walk.ACTIVE.append(self)
+        _graph_walk_timer.ACTIVE.append(self)
 
     def _after_forward(self, _module: Any, _args: Any, output: Any) -> None:
-        if _walk.ACTIVE and _walk.ACTIVE[-1] is self:
-            _walk.ACTIVE.pop()
+        if _graph_walk_timer.ACTIVE and _graph_walk_timer.ACTIVE[-1] is self:
+            _graph_walk_timer.ACTIVE.pop()
         if not self.attached:
             return
         if self.walk_start is not None and self.walk_end is not None:

@@ -85,7 +85,7 @@ def emit(event: msgspec.Struct) -> None:
     telemetry.emit(event.KIND, msgspec.to_builtins(event))  # type: ignore[attr-defined]
 
 
-class Recorder:
+class PrecisionRecorder:
     """One watched root on one rank: the iteration count and what was emitted in it.
 
     ``units`` (root first) describe the model; ``module_fqn`` maps ``id(module)`` of every
@@ -300,12 +300,12 @@ class Recorder:
 
 # One process-wide optimizer step pre-hook for every attached recorder, held weakly: a
 # model dropped without detach() takes its recorder with it.
-_STEPPING: weakref.WeakSet[Recorder] = weakref.WeakSet()
+_STEPPING: weakref.WeakSet[PrecisionRecorder] = weakref.WeakSet()
 _step_lock = threading.Lock()
 _step_hook: list[Any] = []  # the RemovableHandle while installed
 
 
-def _stepping(recorder: Recorder) -> Callable[[], None]:
+def _stepping(recorder: PrecisionRecorder) -> Callable[[], None]:
     with _step_lock:
         _STEPPING.add(recorder)
         if not _step_hook:
@@ -352,7 +352,7 @@ def _modules_on(tb: TracebackType | None) -> Iterator[nn.Module]:
 class Scope(threading.local):
     """The unit whose collectives are being issued on this thread (None: not ours)."""
 
-    current: tuple[Recorder, str] | None = None
+    current: tuple[PrecisionRecorder, str] | None = None
 
 
 SCOPE = Scope()
@@ -446,7 +446,7 @@ class ModulePatch:
                 self._original = None
 
 
-def in_scope(recorder: Recorder, unit: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def in_scope(recorder: PrecisionRecorder, unit: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` with ``SCOPE`` naming ``unit`` while it runs (collectives are attributed)."""
 
     def call(*args: Any, **kwargs: Any) -> Any:

@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from interactive_shard.precision import _probe_common as common
 from interactive_shard.precision._policy import policy_of
-from interactive_shard.precision._probe_common import Recorder, floating
+from interactive_shard.precision._probe_common import PrecisionRecorder, floating
 from interactive_shard.precision.events import Unit
 from interactive_shard.probing import guarded, in_backward
 
@@ -29,7 +29,7 @@ class _ReducerSpy:
     ``ddp_weakref().reducer`` at every call, so ``_run_allreduce_hook`` sees each bucket
     (after its cast to ``reduce_dtype``); everything else is the real Reducer's."""
 
-    def __init__(self, real: Any, recorder: Recorder) -> None:
+    def __init__(self, real: Any, recorder: PrecisionRecorder) -> None:
         self._real, self._recorder = real, recorder
 
     def __getattr__(self, name: str) -> Any:
@@ -41,12 +41,12 @@ class _ReducerSpy:
 
 
 @guarded
-def _note_bucket(recorder: Recorder, bucket: Any) -> None:
+def _note_bucket(recorder: PrecisionRecorder, bucket: Any) -> None:
     recorder.collective("", "all_reduce", bucket.buffer())
     recorder.seen("", "param", common.distinct(p.dtype for p in bucket.parameters()))
 
 
-class DdpRecorder(Recorder):
+class DdpRecorder(PrecisionRecorder):
     wrapper = "ddp"
 
     def __init__(self, ddp: DistributedDataParallel) -> None:

@@ -13,14 +13,14 @@ from torch.distributed.fsdp import FullyShardedDataParallel, _flat_param, _runti
 
 from interactive_shard.precision import _probe_common as common
 from interactive_shard.precision._policy import policy_of
-from interactive_shard.precision._probe_common import Recorder, floating
+from interactive_shard.precision._probe_common import PrecisionRecorder, floating
 from interactive_shard.precision.events import Unit
 from interactive_shard.probing import guarded, in_backward
 
 _WRAPPERS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 _lock = threading.Lock()
 # FlatParamHandle -> (its recorder, weakly: a dropped model takes its recorder along; unit)
-_HANDLES: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Recorder], str]] = (
+_HANDLES: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[PrecisionRecorder], str]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -47,7 +47,7 @@ def _post_backward_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @guarded
-def _note_grad(recorder: Recorder, unit: str, handle: Any) -> None:
+def _note_grad(recorder: PrecisionRecorder, unit: str, handle: Any) -> None:
     grad = handle.flat_param.grad
     if grad is not None:
         recorder.seen(unit, "grad", [str(grad.dtype)])
@@ -72,7 +72,7 @@ def clean(name: str) -> str:
     return ".".join(p for p in name.split(".") if p and p not in _WRAPPERS)
 
 
-class Fsdp1Recorder(Recorder):
+class Fsdp1Recorder(PrecisionRecorder):
     wrapper = "fsdp1"
 
     def __init__(self, root: FullyShardedDataParallel) -> None:

@@ -13,7 +13,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from interactive_shard.precision import _probe_common as common
 from interactive_shard.precision._policy import policy_of
-from interactive_shard.precision._probe_common import Recorder, floating
+from interactive_shard.precision._probe_common import PrecisionRecorder, floating
 from interactive_shard.precision.events import Unit
 from interactive_shard.probing import guarded, in_backward
 from interactive_shard.probing.compat import fsdp as compat_fsdp
@@ -68,7 +68,7 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-class Fsdp2Recorder(Recorder):
+class Fsdp2Recorder(PrecisionRecorder):
     wrapper = "fsdp2"
 
     def __init__(self, root: nn.Module) -> None:
@@ -308,7 +308,7 @@ def _unsharded_grad_dtypes(group: Any) -> list[str]:
 class _SpyAllGather(AllGather):
     """Delegates to the unit's all-gather comm and notes what this rank sends."""
 
-    def __init__(self, inner: Any, recorder: Recorder, unit: str) -> None:
+    def __init__(self, inner: Any, recorder: PrecisionRecorder, unit: str) -> None:
         self.inner, self._recorder, self._unit = inner, recorder, unit
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -333,7 +333,7 @@ class _SpyAllGather(AllGather):
 class _SpyReduceScatter(ReduceScatter):
     """Delegates to the unit's reduce-scatter comm and notes what this rank sends."""
 
-    def __init__(self, inner: Any, recorder: Recorder, unit: str) -> None:
+    def __init__(self, inner: Any, recorder: PrecisionRecorder, unit: str) -> None:
         self.inner, self._recorder, self._unit = inner, recorder, unit
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -357,7 +357,7 @@ class _SpyReduceScatter(ReduceScatter):
         )
 
 
-def _note(recorder: Recorder, unit: str, op: str, sent: torch.Tensor) -> None:
+def _note(recorder: PrecisionRecorder, unit: str, op: str, sent: torch.Tensor) -> None:
     try:
         recorder.collective(unit, op, sent)
     except Exception:  # pragma: no cover

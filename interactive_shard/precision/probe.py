@@ -112,7 +112,7 @@ try:
     from interactive_shard.precision import _probe_fsdp2
 except ImportError:  # pragma: no cover - a torch without FSDP2's public API (< 2.6)
     _probe_fsdp2 = None  # type: ignore[assignment]
-from interactive_shard.precision._probe_common import Recorder
+from interactive_shard.precision._probe_common import PrecisionRecorder
 
 __all__ = ["OPTIONS", "WATCHES", "attach", "fits"]
 
@@ -131,7 +131,7 @@ def fits(obj: object) -> bool:
     )
 
 
-def attach(model: nn.Module) -> Recorder:
+def attach(model: nn.Module) -> PrecisionRecorder:
     """Record the dtypes of every unit of ``model`` on this rank; Note [Precision probe].
 
     ``ish.watch(model)`` calls this on every rank, after wrapping, before the first
@@ -146,7 +146,7 @@ def attach(model: nn.Module) -> Recorder:
             "ish.watch was already called on this model: keep the handle it returned "
             "(or detach() it first)"
         )
-    recorder: Recorder
+    recorder: PrecisionRecorder
     if _probe_fsdp2 is not None and _probe_fsdp2.is_root(model):
         recorder = _probe_fsdp2.Fsdp2Recorder(model)
     elif _probe_fsdp1.is_root(model):

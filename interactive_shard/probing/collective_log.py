@@ -1,7 +1,8 @@
 """The rank's process-wide collective recorder and DDP instance registry.
 
-See Note [Lifecycle probe] in ``probe.py``, "Recorder". Started once per process: by the
-cluster's worker right after ``init_process_group`` (so DDP's construction-time sync,
+See Note [Lifecycle probe] in ``lifecycle/probe.py``, "CollectiveLog". Started once per
+process: by the cluster's worker right after ``init_process_group`` (so DDP's
+construction-time sync,
 which runs inside ``DistributedDataParallel.__init__`` before anyone can watch it, is
 recorded), or by the first lifecycle probe on a rank the cluster did not start.
 """
@@ -73,7 +74,7 @@ class Instance:
         return ddp is not None and not self.removed and "reducer" in ddp.__dict__
 
 
-class Recorder:
+class CollectiveLog:
     def __init__(self) -> None:
         self.ring: collections.deque[Record] = collections.deque(maxlen=RING)
         self.subscribers: list[Subscriber] = []  # probes, told of every record
@@ -185,23 +186,23 @@ class Recorder:
             fn()
 
 
-_recorder: Recorder | None = None
+_recorder: CollectiveLog | None = None
 _start_lock = threading.Lock()
 
 
-def start(since: str = "process_group") -> Recorder:
+def start(since: str = "process_group") -> CollectiveLog:
     """The process's recorder, started on the first call (later calls return it)."""
     global _recorder
     with _start_lock:
         if _recorder is None:
-            rec = Recorder()
+            rec = CollectiveLog()
             rec.since = since
             rec.install()
             _recorder = rec
         return _recorder
 
 
-def recorder() -> Recorder | None:
+def recorder() -> CollectiveLog | None:
     return _recorder
 
 

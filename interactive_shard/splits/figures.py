@@ -109,12 +109,12 @@ def figure_compare(
             first_bucket_cap_mb=first_bucket_cap_mb,
         )
     except (SplitPlanError, LookupError) as err:
-        return compare_figure(comp, None, rank=rank, error=str(err))
+        return _comparison(comp, None, rank=rank, error=str(err))
     what_if = None if bucket_cap_mb is None and first_bucket_cap_mb is None else planned
-    return compare_figure(comp, planned, rank=rank, what_if=what_if is not None)
+    return _comparison(comp, planned, rank=rank, what_if=what_if is not None)
 
 
-def compare_figure(
+def _comparison(
     comp: SplitCompile,
     planned: GraphPlan | None,
     *,

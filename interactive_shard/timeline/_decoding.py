@@ -20,7 +20,7 @@ from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.timeline._iteration import Iteration
 from interactive_shard.timeline._ranks import RankEvents
-from interactive_shard.timeline._types import TimelineSpan
+from interactive_shard.timeline._results import TimelineSpan
 from interactive_shard.timeline.events import Span, TimelineSpans
 
 T = TypeVar("T")

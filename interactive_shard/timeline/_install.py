@@ -22,7 +22,7 @@ from interactive_shard.probing import spy as _spy
 from interactive_shard.probing.compat.dynamo import OptimizedModule
 from interactive_shard.probing.compat.fsdp import param_groups as fsdp_param_groups
 from interactive_shard.timeline import _graph
-from interactive_shard.timeline._recorder import Recorder, clock
+from interactive_shard.timeline._recorder import SpanRecorder, clock
 
 _FSDP1_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 
@@ -87,10 +87,10 @@ def spanned(model: nn.Module, target: str, depth: int | None) -> list[tuple[str,
     return out
 
 
-def install(model: nn.Module, depth: int | None) -> Recorder:
+def install(model: nn.Module, depth: int | None) -> SpanRecorder:
     target = target_of(model)
     modules = spanned(model, target, depth)
-    rec = Recorder(target, depth, [name for name, _ in modules])
+    rec = SpanRecorder(target, depth, [name for name, _ in modules])
     params = list(model.parameters())
     rec.params = {id(p) for p in params}
     if params and params[0].device.type == "cuda":
@@ -117,7 +117,7 @@ def install(model: nn.Module, depth: int | None) -> Recorder:
 
 
 # -- modules --------------------------------------------------------------------------------
-def _root(rec: Recorder, model: nn.Module, *, compiled: bool) -> None:
+def _root(rec: SpanRecorder, model: nn.Module, *, compiled: bool) -> None:
     starts: list[tuple[float, int, int]] = []
 
     def pre(m: nn.Module, args: Any, kwargs: Any) -> None:
@@ -140,7 +140,7 @@ def _root(rec: Recorder, model: nn.Module, *, compiled: bool) -> None:
     rec.undo += [h1.remove, h2.remove]
 
 
-def _eager(rec: Recorder, name: str, m: nn.Module) -> None:
+def _eager(rec: SpanRecorder, name: str, m: nn.Module) -> None:
     calls: list[list[Any]] = []  # [start, above, iteration] per call in progress
 
     def first(mod: nn.Module, args: Any) -> None:
@@ -175,7 +175,7 @@ def _eager(rec: Recorder, name: str, m: nn.Module) -> None:
     rec.undo += [h.remove for h in handles]
 
 
-def _compiled_region(rec: Recorder, name: str, m: nn.Module) -> None:
+def _compiled_region(rec: SpanRecorder, name: str, m: nn.Module) -> None:
     original: Callable[..., Any] = m._compiled_call_impl  # type: ignore[assignment]
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -196,7 +196,7 @@ def _compiled_region(rec: Recorder, name: str, m: nn.Module) -> None:
     rec.undo.append(restore)
 
 
-def _time_compiled(rec: Recorder, name: str, output: Any, above: int, it: int) -> None:
+def _time_compiled(rec: SpanRecorder, name: str, output: Any, above: int, it: int) -> None:
     """One ``compiled_backward`` span per CompiledFunctionBackward node of the call."""
     found = _graph.walk(output, above)
     if found is None:
@@ -215,7 +215,7 @@ def _time_compiled(rec: Recorder, name: str, output: Any, above: int, it: int) -
 _USER_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 
 
-def _user_hooks(rec: Recorder, name: str, m: nn.Module) -> None:
+def _user_hooks(rec: SpanRecorder, name: str, m: nn.Module) -> None:
     """Wrap the user's Python hooks on ``m`` (not torch's, not ours) in timing."""
     for attr in _USER_HOOKS:
         hooks = getattr(m, attr, None)
@@ -237,7 +237,7 @@ def _putting_back(hooks: Any, key: int, fn: Any) -> Callable[[], None]:
     return put_back
 
 
-def _timed_hook(rec: Recorder, span: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _timed_hook(rec: SpanRecorder, span: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         start = clock()
         try:
@@ -249,7 +249,7 @@ def _timed_hook(rec: Recorder, span: str, fn: Callable[..., Any]) -> Callable[..
 
 
 # -- FSDP2 and DDP hooks --------------------------------------------------------------------
-def _fsdp2_hooks(rec: Recorder, root: nn.Module) -> None:
+def _fsdp2_hooks(rec: SpanRecorder, root: nn.Module) -> None:
     seen: set[int] = set()
     for fqn, m in root.named_modules():
         if not isinstance(m, FSDPModule):
@@ -263,7 +263,7 @@ def _fsdp2_hooks(rec: Recorder, root: nn.Module) -> None:
                 _wrap_method(rec, group, method, f"{method}:{fqn}")
 
 
-def _wrap_method(rec: Recorder, obj: Any, method: str, span: str) -> None:
+def _wrap_method(rec: SpanRecorder, obj: Any, method: str, span: str) -> None:
     """Time ``obj.<method>`` (an instance attribute wins over the class's: FSDP2 looks
     the method up at call time); detach puts back what was there before."""
     had = method in obj.__dict__
@@ -293,7 +293,7 @@ def _ddp_of(model: nn.Module) -> DDP | None:
     return inner if isinstance(inner, DDP) else None
 
 
-def _ddp_hooks(rec: Recorder, ddp: DDP) -> None:
+def _ddp_hooks(rec: SpanRecorder, ddp: DDP) -> None:
     for name, p in ddp.module.named_parameters():
         if not p.requires_grad:
             continue
@@ -325,7 +325,7 @@ def _ddp_hooks(rec: Recorder, ddp: DDP) -> None:
 
 
 # -- process-wide: collectives and the optimizer --------------------------------------------
-def _listen(rec: Recorder) -> Callable[[], None]:
+def _listen(rec: SpanRecorder) -> Callable[[], None]:
     """Collectives go to ``rec`` while it lives (held weakly: a recorder dropped without
     detach() stops listening when collected)."""
     ref = weakref.WeakMethod(rec.collective)
@@ -340,12 +340,12 @@ def _listen(rec: Recorder) -> Callable[[], None]:
     return stop
 
 
-_STEPPING: weakref.WeakSet[Recorder] = weakref.WeakSet()
+_STEPPING: weakref.WeakSet[SpanRecorder] = weakref.WeakSet()
 _step_hooks: list[Any] = []
 _step_starts: dict[int, float] = {}
 
 
-def _stepping(rec: Recorder) -> Callable[[], None]:
+def _stepping(rec: SpanRecorder) -> Callable[[], None]:
     _STEPPING.add(rec)
     if not _step_hooks:
         _step_hooks.append(register_optimizer_step_pre_hook(_before_step))
@@ -364,7 +364,7 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     _step_starts[id(optimizer)] = clock()
 
 
-def _steps_watched(optimizer: Any, rec: Recorder) -> bool:
+def _steps_watched(optimizer: Any, rec: SpanRecorder) -> bool:
     """Whether ``optimizer`` steps any of ``rec``'s parameters (cached per optimizer)."""
     key = (id(rec), sum(len(g["params"]) for g in optimizer.param_groups))
     cache: dict[Any, bool] = optimizer.__dict__.setdefault("_ish_timeline_steps", {})

@@ -52,7 +52,7 @@ class _Open:
             self.noted.wait()
 
 
-class Recorder:
+class SpanRecorder:
     """One watched model on one rank. Subclass-free: ``probe.attach`` installs the hooks
     and appends their undo callables to ``undo``."""
 

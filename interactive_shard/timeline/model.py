@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from interactive_shard import features
 from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.store import RunStore
-from interactive_shard.timeline._across import Matches, Offsets, bunched, match, sample
+from interactive_shard.timeline._cross_rank import Matches, Offsets, bunched, match, sample
 from interactive_shard.timeline._decoding import CACHED_ITERATIONS, Decoded, Decoder, Memo
 from interactive_shard.timeline._index import Index
 from interactive_shard.timeline._iteration import (
@@ -39,7 +39,7 @@ from interactive_shard.timeline._iteration import (
     union,
 )
 from interactive_shard.timeline._ranks import RankEvents
-from interactive_shard.timeline._types import (
+from interactive_shard.timeline._results import (
     Malformed,
     Matched,
     Summary,

@@ -74,7 +74,7 @@ from typing import Any
 from torch import nn
 
 from interactive_shard.timeline import _install
-from interactive_shard.timeline._recorder import Recorder
+from interactive_shard.timeline._recorder import SpanRecorder
 
 __all__ = ["OPTIONS", "OPT_IN", "WATCHES", "attach", "fits"]
 
@@ -90,7 +90,7 @@ def fits(obj: object) -> bool:
     return isinstance(obj, nn.Module)
 
 
-def attach(model: nn.Module, *, timeline: bool = True, depth: int | None = None) -> Recorder:
+def attach(model: nn.Module, *, timeline: bool = True, depth: int | None = None) -> SpanRecorder:
     """Span forward, backward, hooks, collectives and optimizer steps of ``model`` on
     this rank; Note [Timeline probe]. ``depth``: None (the units), or the deepest fqn
     depth of modules to span (0: the model only). Events: ``timeline_watch`` now, a

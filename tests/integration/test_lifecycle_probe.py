@@ -259,13 +259,13 @@ def test_delayed_parameters_are_reduced_at_the_hook_parameter(cluster: ish.Clust
 
 
 def _plain_vs_watched(ctx: Any) -> dict[str, bool]:
-    from interactive_shard.lifecycle import _walk
+    from interactive_shard.lifecycle import _graph_walk_timer
 
     out, restored = [], False
     for watched in (False, True):
         ddp = _ddp(find_unused_parameters=True)
         hooks = (len(ddp._forward_pre_hooks), len(ddp._forward_hooks))
-        walk = _walk.ddp_module._find_tensors
+        walk = _graph_walk_timer.ddp_module._find_tensors
         watch = probe.attach(ddp) if watched else None
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         torch.manual_seed(1)
@@ -277,7 +277,7 @@ def _plain_vs_watched(ctx: Any) -> dict[str, bool]:
             watch.detach()
             restored = (
                 (len(ddp._forward_pre_hooks), len(ddp._forward_hooks)) == hooks
-                and _walk.ddp_module._find_tensors is walk
+                and _graph_walk_timer.ddp_module._find_tensors is walk
                 and "_ish_spy" not in ddp.__dict__
             )
         out.append([p.detach().clone() for p in ddp.parameters()])

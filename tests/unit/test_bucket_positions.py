@@ -1,5 +1,5 @@
 """The bucket map files events by their log positions (Note [Lazy bucket events] in
-``buckets/_raw.py``): an update touches no event, and every lookup equals what
+``buckets/_lazy_events.py``): an update touches no event, and every lookup equals what
 decoding every event gives, however the events arrive."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import make_store
 
-from interactive_shard.buckets import _raw
+from interactive_shard.buckets import _lazy_events
 from interactive_shard.buckets.events import BucketReduced, DdpIteration, DdpWatch
 from interactive_shard.buckets.model import BucketMap
 from interactive_shard.telemetry.schema import Event
@@ -135,7 +135,10 @@ def test_lookups_equal_decoding_every_event(
     events, cuts = stream
     store = make_store([])
     bm = BucketMap(store)
-    with mock.patch.object(_raw, "WALK", walk[0]), mock.patch.object(_raw, "CHUNK", walk[1]):
+    with (
+        mock.patch.object(_lazy_events, "WALK", walk[0]),
+        mock.patch.object(_lazy_events, "CHUNK", walk[1]),
+    ):
         done = 0
         for cut in cuts:
             store.extend(events[done:cut])

@@ -1,5 +1,5 @@
 """The bucket map at scale: long runs, bursts of events, reading lazily (Note [Lazy
-bucket events] in ``buckets/_raw.py``) and health under a time budget."""
+bucket events] in ``buckets/_lazy_events.py``) and health under a time budget."""
 
 from __future__ import annotations
 

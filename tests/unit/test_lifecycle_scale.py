@@ -10,7 +10,7 @@ import pytest
 from support import lifecycle_state as state
 from support import make_store
 
-from interactive_shard.lifecycle import _table, model
+from interactive_shard.lifecycle import _iteration_columns, model
 from interactive_shard.lifecycle.figures import MAX_COLUMNS, STATE_COLORS, figure_lifecycle
 from interactive_shard.lifecycle.model import LifecycleModel
 from interactive_shard.lifecycle.view import LifecycleView
@@ -49,7 +49,7 @@ def test_an_update_decodes_only_the_new_events(monkeypatch: pytest.MonkeyPatch) 
     m = LifecycleModel(store)
     m.update()
     seen: list[int] = []
-    decode = _table.decode
+    decode = _iteration_columns.decode
     monkeypatch.setattr(
         model, "decode", lambda evs, skip: seen.append(len(evs)) or decode(evs, skip)
     )

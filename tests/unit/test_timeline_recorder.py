@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from interactive_shard.telemetry import rank as telemetry
-from interactive_shard.timeline._recorder import Recorder
+from interactive_shard.timeline._recorder import SpanRecorder
 from interactive_shard.timeline.events import TimelineSpans
 
 
@@ -24,8 +24,8 @@ class StandInEvent:
         return other.ms - self.ms
 
 
-def recorder() -> tuple[Recorder, list[Any]]:
-    rec = Recorder("module", None, ["a"])
+def recorder() -> tuple[SpanRecorder, list[Any]]:
+    rec = SpanRecorder("module", None, ["a"])
     sent: list[Any] = []
     rec._emit = lambda event, step=None: sent.append(event)  # type: ignore[method-assign]
     rec.iteration = 1
@@ -49,7 +49,7 @@ def test_a_batch_goes_out_with_its_iteration_as_the_step(monkeypatch: Any) -> No
     monkeypatch.setattr(
         telemetry, "emit", lambda kind, payload, step=None: emitted.append((kind, payload, step))
     )
-    rec = Recorder("module", None, ["a"])
+    rec = SpanRecorder("module", None, ["a"])
     rec.iteration = 3
     rec.add("forward", "a", 1.0, 3.0)
     rec.add_at(4, "backward", "a", 4.0, 5.0)

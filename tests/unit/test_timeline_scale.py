@@ -12,7 +12,7 @@ from support import make_store
 
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.testing import FakeTimeline
-from interactive_shard.timeline import _across
+from interactive_shard.timeline import _cross_rank
 from interactive_shard.timeline.chrome import read_chrome_trace
 from interactive_shard.timeline.events import Span, TimelineSpans
 from interactive_shard.timeline.figures import MAX_TIMELINE_ITERATIONS, figure_timeline
@@ -102,7 +102,7 @@ def test_findings_name_runs_of_iterations_as_ranges() -> None:
     m = TimelineModel(make_store(FakeTimeline(iterations=12, bunched=True).events()))
     [found] = m.findings
     assert found.iterations == list(range(1, 13)) and "iteration(s) 1–12:" in found.message
-    assert _across.listed([1, 2, 4, 5, 6, 9]) == "1, 2, 4–6, 9"
+    assert _cross_rank.listed([1, 2, 4, 5, 6, 9]) == "1, 2, 4–6, 9"
     [recent] = m.findings_of(range(10, 13))
     assert recent.iterations == [10, 11, 12] and "iteration(s) 10–12:" in recent.message
     assert TimelineModel(make_store(FakeTimeline().events())).findings_of([1]) == []
@@ -110,12 +110,12 @@ def test_findings_name_runs_of_iterations_as_ranges() -> None:
 
 def test_sample_keeps_its_iterations_while_the_run_grows() -> None:
     its = list(range(1, 501))
-    shown, stride = _across.sample(its, 50, keep=[123, None, 9999])
+    shown, stride = _cross_rank.sample(its, 50, keep=[123, None, 9999])
     assert stride == 10 and len(shown) <= 52
     assert 123 in shown and 500 in shown and 9999 not in shown  # kept: only what arrived
-    grown, again = _across.sample(list(range(1, 1000)), 50, keep=[])
+    grown, again = _cross_rank.sample(list(range(1, 1000)), 50, keep=[])
     assert again == 20 and set(grown) >= set(its[::20])  # the next stride keeps its picks
-    assert _across.sample([3, 4], 50, keep=[]) == ([3, 4], 1)
+    assert _cross_rank.sample([3, 4], 50, keep=[]) == ([3, 4], 1)
 
 
 def test_overlap_overview_of_a_long_run_is_decimated_and_says_so(

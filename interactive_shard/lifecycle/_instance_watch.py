@@ -9,7 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from interactive_shard.lifecycle.events import Collective, Hooks, LifecycleWatch
-from interactive_shard.probing.collective_log import Record, Recorder
+from interactive_shard.probing.collective_log import CollectiveLog, Record
 from interactive_shard.probing.compat import ddp as compat_ddp
 
 _DELAYED_HOOK = DDP._delayed_all_reduce_hook
@@ -33,7 +33,7 @@ def nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def delayed_owners(param: torch.Tensor, rec: Recorder) -> list[int]:
+def delayed_owners(param: torch.Tensor, rec: CollectiveLog) -> list[int]:
     """Serials of the DDP instances whose delayed all-reduce hook is a tensor hook on
     ``param`` (``param_to_hook_all_reduce.register_hook(self._delayed_all_reduce_hook)``:
     a Python hook, so it can be read)."""
@@ -45,7 +45,7 @@ def delayed_owners(param: torch.Tensor, rec: Recorder) -> list[int]:
     )
 
 
-def hooks(ddp: DDP, rec: Recorder, fqn: dict[int, str]) -> list[Hooks]:
+def hooks(ddp: DDP, rec: CollectiveLog, fqn: dict[int, str]) -> list[Hooks]:
     on = rec.hooked_on()
     return [
         Hooks(fqn=name, reducer=on.get(id(p), []), delayed=delayed_owners(p, rec))
@@ -65,7 +65,7 @@ def comm_hook(ddp: DDP) -> str | None:
     return str(name) if name else None
 
 
-def watch_event(ddp: DDP, rec: Recorder, serial: int, fqn: dict[int, str]) -> LifecycleWatch:
+def watch_event(ddp: DDP, rec: CollectiveLog, serial: int, fqn: dict[int, str]) -> LifecycleWatch:
     params = [p for p in compat_ddp.params(ddp) if p.requires_grad]
     buffers: list[torch.Tensor] = list(getattr(ddp, "modules_buffers", []))
     buffer_names = [n for n, _ in getattr(ddp, "named_module_buffers", {}).items()]
@@ -103,7 +103,11 @@ def watch_event(ddp: DDP, rec: Recorder, serial: int, fqn: dict[int, str]) -> Li
 
 
 def _init_synced_buffers(
-    ddp: DDP, rec: Recorder, serial: int, params: list[torch.Tensor], buffers: list[torch.Tensor]
+    ddp: DDP,
+    rec: CollectiveLog,
+    serial: int,
+    params: list[torch.Tensor],
+    buffers: list[torch.Tensor],
 ) -> bool:
     """Whether the construction-time sync held the buffers: measured from the recorded
     bytes when they were seen (``broadcast_buffers=False`` leaves them out; 2.13's

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from interactive_shard.timeline._iteration import COLLECTIVE, Iteration
 from interactive_shard.timeline._ranks import RankEvents
-from interactive_shard.timeline._types import TimelineFinding
+from interactive_shard.timeline._results import TimelineFinding
 from interactive_shard.timeline.events import Span
 
 ALIGN_SAMPLES = 64  # collectives a rank on another host is aligned by ...

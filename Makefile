@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 OUT ?= out/demo
 
-.PHONY: demo test test-torch lab lint unit package integration notebooks docs browser bench clean
+.PHONY: demo test check test-torch lab lint unit package integration notebooks docs browser bench clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ demo: $(STAMP)
 	$(PY) -m interactive_shard demo --out $(OUT)
 
 test: $(STAMP) lint unit package integration notebooks docs browser  # docs: tests/browser/test_docs.py opens site/
+
+check: $(STAMP) lint  # the quick whole: lint, unit and the integration tests not marked slow (< 5 min)
+	$(PY) -m pytest tests/unit -q -m "not slow"
+	$(PY) -m pytest tests/integration -q -m "not slow"
 
 lint: $(STAMP)
 	$(PY) -m ruff check interactive_shard tests benchmarks

@@ -343,6 +343,7 @@ def test_watch_rejects_what_it_cannot_watch() -> None:
         ish.watch(object())
 
 
+@pytest.mark.slow
 def test_demo_buckets_read_by_layer_name(cluster: ish.Cluster) -> None:
     run = cluster.run(demo.train, 3)
     names = ["embed", "block1", "block2", "head"]

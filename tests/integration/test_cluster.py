@@ -151,6 +151,7 @@ def test_kill_9_while_idle_restarts_on_next_run(cluster: ish.Cluster) -> None:
         assert cluster.run(all_reduce_rank).results == [3.0, 3.0]
 
 
+@pytest.mark.slow
 def test_stuck_collective_is_bounded_by_timeout() -> None:
     def only_rank0_reduces(ctx):
         if ctx.rank == 0:
@@ -188,6 +189,7 @@ def test_interrupt_stops_the_ranks_within_5s(cluster: ish.Cluster) -> None:
     assert cluster.run(lambda ctx: ctx.rank).results == [0, 1]
 
 
+@pytest.mark.slow
 def test_spawn_runs_functions_defined_here() -> None:
     factor = 10
 
@@ -227,6 +229,7 @@ def test_garbage_collection_stops_ranks() -> None:
     )
 
 
+@pytest.mark.slow
 def test_no_orphans_after_20_launch_fail_cycles() -> None:
     def fail(ctx):
         raise RuntimeError(f"cycle failure on {ctx.rank}")
@@ -237,6 +240,7 @@ def test_no_orphans_after_20_launch_fail_cycles() -> None:
     # the autouse no_orphans fixture checks every child process is gone
 
 
+@pytest.mark.slow
 def test_kernel_killed_with_sigkill_leaves_no_ranks(tmp_path: Path) -> None:
     script = tmp_path / "kernel.py"
     script.write_text(

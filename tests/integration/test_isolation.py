@@ -195,6 +195,7 @@ time.sleep(1000)
 """
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_kernel_takes_stuck_ranks_and_their_children(tmp_path: Path) -> None:
     script = tmp_path / "kernel.py"
     script.write_text(textwrap.dedent(KERNEL))

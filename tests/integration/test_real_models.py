@@ -43,6 +43,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 import interactive_shard as ish
 from interactive_shard.buckets.analysis import compare as compare_buckets
 
+pytestmark = pytest.mark.slow  # make check leaves it out; make test runs it
+
 transformers = pytest.importorskip("transformers", reason="the real models are transformers'")
 
 # Ranks may be spawned: ship this module's specs and functions by value.

@@ -47,6 +47,7 @@ def sigint_raises() -> Iterator[None]:
 
 
 # -- 1-3: close and restart during a run, interrupted and repeated -----------------------
+@pytest.mark.slow
 def test_close_ends_a_background_run_with_a_clear_error() -> None:
     cluster = ish.Cluster(2, timeout=30, echo=False)
     pids = rank_pids(cluster)
@@ -70,6 +71,7 @@ def test_close_keeps_a_run_that_finishes_within_the_grace() -> None:
     assert run.wait(timeout=5).results == [0, 1]
 
 
+@pytest.mark.slow
 def test_launch_without_waiting_closes_its_ranks_when_the_run_ends() -> None:
     run = ish.launch(lambda ctx: time.sleep(4) or os.getpid(), wait=False, echo=False)
     assert not run.done
@@ -261,6 +263,7 @@ def _footprint() -> tuple[int, int, int]:
     return me.num_fds(), threading.active_count(), len(ranks)
 
 
+@pytest.mark.slow
 def test_no_growth_over_200_runs_and_20_cluster_cycles(cluster: ish.Cluster) -> None:
     cluster.run(lambda ctx: None, wait=False).wait()  # once: asyncio's loop (3 fds)
     before = _footprint()
@@ -283,6 +286,7 @@ def test_no_growth_over_200_runs_and_20_cluster_cycles(cluster: ish.Cluster) -> 
     assert not [d for d in directories if d.exists()]
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_reported_at_the_timeout() -> None:
     with ish.Cluster(2, timeout=3, echo=False) as c:
         pid = c.run(lambda ctx: os.getpid()).results[1]
@@ -355,6 +359,7 @@ def test_the_listener_refuses_a_port_in_use_and_a_wrong_token() -> None:
             listener.close()
 
 
+@pytest.mark.slow
 def test_a_killed_kernels_rendezvous_directory_is_swept_by_the_next(tmp_path: Path) -> None:
     import subprocess
 

@@ -12,6 +12,8 @@ from types import ModuleType
 
 import pytest
 
+pytestmark = pytest.mark.slow  # make check leaves it out; make test runs it
+
 SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 
 

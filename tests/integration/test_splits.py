@@ -360,6 +360,7 @@ def test_bucket_map_of_a_compiled_model(cluster: ish.Cluster) -> None:
     assert any(line.startswith("DDP (run time):") for line in lines)
 
 
+@pytest.mark.slow
 def test_inductor_slow(cluster: ish.Cluster) -> None:
     """The one inductor case (~15-30 s cold on 2 CPU cores): planned == captured, and the
     compiled output is bf16 and close to the uncompiled one (inductor fuses: not equal)."""
@@ -376,6 +377,7 @@ def test_inductor_slow(cluster: ish.Cluster) -> None:
         assert result["close"] and result["dtype"] == "torch.bfloat16"
 
 
+@pytest.mark.slow
 def test_a_graph_break_gives_two_compilations(compiled: Callable[..., ish.Run]) -> None:
     run = compiled("eager", "broken", 1.0)
     plan = ish.plan_splits(build("broken"), inputs(), bucket_cap_mb=1.0)

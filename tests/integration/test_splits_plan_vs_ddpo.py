@@ -581,6 +581,7 @@ def test_non_positive_caps_are_refused(cap_mb: float) -> None:
     caps=st.lists(st.floats(1.0, 6.0), min_size=2, max_size=4),
     first=st.sampled_from([None, 0.1, 0.5]),
 )
+@pytest.mark.slow
 def test_random_widths_and_caps(
     widths: list[int], kind: type[MLP], caps: list[float], first: float | None
 ) -> None:

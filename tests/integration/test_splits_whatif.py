@@ -139,6 +139,7 @@ def _compiled_step(ctx: Any, undo: bool) -> str:
     return str(out.dtype)
 
 
+@pytest.mark.slow
 def test_capture_shows_the_missing_regions(cluster: ish.Cluster) -> None:
     plan = ish.plan_splits(_model(), (_batch(),), bucket_cap_mb=1)
     assert len(plan.partitions) == 3

@@ -8,7 +8,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import interactive_shard as ish
+
+pytestmark = pytest.mark.slow  # make check leaves it out; make test runs it
 
 RANK_SCRIPT = """
 import torch, torch.distributed as dist
@@ -42,7 +46,6 @@ def test_torchrun_ranks_stream_to_the_listener(tmp_path: Path) -> None:
 
 
 def test_listener_rejects_bad_world_size() -> None:
-    import pytest
 
     with pytest.raises(ValueError, match="world_size must be a positive int, got 0"):
         ish.listen(world_size=0)

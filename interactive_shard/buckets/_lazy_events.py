@@ -189,7 +189,7 @@ class RawEvents:
         if not self.ordered:
             tail = self.index()
             return int(tail.max()) if len(tail) else None
-        wanted, seen, top = set(ranks), set(), 0
+        wanted, seen, top = set(ranks), set[int](), 0
         for e in self._walk():
             if e is None:  # too far back, or an unreadable event: index them
                 tail = self.index()
@@ -197,7 +197,7 @@ class RawEvents:
             rank, it, _ = e
             if rank not in seen:  # a rank's newest event holds its highest iteration
                 seen.add(rank)
-                top = max(top, it)
+                top = max(top, int(it))
                 if seen >= wanted:
                     return top
         return top

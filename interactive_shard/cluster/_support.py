@@ -23,7 +23,8 @@ def pickle_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes
     lines = linecache.getlines(code.co_filename) if code is not None else []
     sources = {"<dynamic-code>": (sum(map(len, lines)), None, lines, "<dynamic-code>")}
     try:
-        return cloudpickle.dumps((fn, args, kwargs, sources))
+        data: bytes = cloudpickle.dumps((fn, args, kwargs, sources))
+        return data
     except Exception as exc:
         raise TypeError(
             f"cannot send {getattr(fn, '__qualname__', fn)!r} and its arguments to the ranks: "

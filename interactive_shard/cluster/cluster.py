@@ -116,7 +116,7 @@ class Cluster(live.ShowsView):
             start_method,
             threads,
             cuda_count=torch.cuda.device_count(),  # NVML where it can: no cuInit here
-            cuda_initialized=torch.cuda.is_initialized(),
+            cuda_initialized=torch.cuda.is_initialized(),  # type: ignore[no-untyped-call]
             fork_safe=compat_device.autograd_survives_fork,
         )
         if self.placement.start_method == "fork":

@@ -166,7 +166,8 @@ def _stream(fd: int) -> io.TextIOWrapper:
 
 def _dumps_result(rank: int, result: Any) -> bytes:
     try:
-        return cloudpickle.dumps(result)
+        data: bytes = cloudpickle.dumps(result)
+        return data
     except Exception as exc:
         raise TypeError(
             f"rank {rank}: the function's return value ({type(result).__qualname__}) cannot "

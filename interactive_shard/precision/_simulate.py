@@ -287,7 +287,7 @@ class _Run:
     # -- origins ------------------------------------------------------------------------
 
     def origin(self, t: torch.Tensor) -> Origin:
-        found = self.origins.get(t)
+        found: Origin | None = self.origins.get(t)  # type: ignore[no-untyped-call]
         if found is None:
             module = self.modules[-1] if self.modules else None
             found = Origin(

@@ -4,7 +4,8 @@ front end without widgets shows; ``ui/fallback.py``)."""
 
 from __future__ import annotations
 
-from interactive_shard.precision.analysis import describe_policy, short
+from interactive_shard.precision.analysis import describe_policy
+from interactive_shard.precision.compare import short
 from interactive_shard.precision.model import PrecisionModel
 
 MAX_UNITS = 8  # listed one a line; more are counted

@@ -74,7 +74,8 @@ def split_net(
                     x = x.float() * 2
             else:
                 x = x.float() * 2
-            return self.head(x)
+            out: torch.Tensor = self.head(x)
+            return out
 
     return SplitNet()
 

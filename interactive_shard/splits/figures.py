@@ -22,7 +22,6 @@ from interactive_shard.splits.events import Partition, SplitCompile
 from interactive_shard.splits.figures_lanes import (
     DIFF,
     MAX_HEIGHT,
-    figure,
     figure_lanes,
     figure_nothing,
     hover_partition,
@@ -34,6 +33,7 @@ from interactive_shard.splits.model import SplitsModel
 from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, SplitPlanError, plan_graph
 from interactive_shard.ui.colors import PALETTE
 from interactive_shard.ui.format import byte_unit, nbytes
+from interactive_shard.ui.plain_figure import figure
 from interactive_shard.ui.text import literal
 
 __all__ = [

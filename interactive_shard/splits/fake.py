@@ -74,8 +74,8 @@ def split_net(
                     x = x.float() * 2
             else:
                 x = x.float() * 2
-            out: torch.Tensor = self.head(x)
-            return out
+            # No local for the result: dynamo names the node after it (the graph is tested).
+            return self.head(x)  # type: ignore[no-any-return]
 
     return SplitNet()
 

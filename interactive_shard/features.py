@@ -25,6 +25,10 @@ An entry's parts:
   2-rank run of its events, exactly as its probe emits them (``<folder>/fake.py``); the
   display tests, ``bench_views.py``, the wheel test and the demo's offline sections walk
   the list and call it, so a new feature is tested and measured by its entry alone.
+* ``rank_start``: ``"module:function"`` that every rank a ``Cluster`` starts calls once,
+  right after its process group exists and before any user code (the collective log:
+  DDP's construction-time sync happens before ``ish.watch`` can see it). ``cluster/``
+  names no feature: it walks this list.
 * ``probe``: ``"module"`` with ``fits(obj) -> bool``, ``OPTIONS`` (the keyword
   arguments it takes), ``WATCHES`` (what it can watch, in words) and
   ``attach(obj, **options)`` returning a handle with ``detach()``; ``ish.watch``
@@ -59,6 +63,7 @@ class Feature:
     probe: str | None = None
     summary: str | None = None  # "module:function": model -> str, the view in plain words
     fake: str | None = None  # "module:sample": sample(iterations) -> events of a 2-rank run
+    rank_start: str | None = None  # "module:function" each rank runs once its group exists
     always: bool = False  # in the report even when none of its kinds was recorded
 
     def __post_init__(self) -> None:
@@ -122,6 +127,7 @@ FEATURES: tuple[Feature, ...] = (
         figures="interactive_shard.buckets.figures_timeline:report_figures",
         events="interactive_shard.buckets.events:EVENTS",
         probe="interactive_shard.buckets.probe",
+        rank_start="interactive_shard.probing.collective_log:start",  # DDP's own iterations
     ),
     Feature(
         name="splits",
@@ -166,6 +172,7 @@ FEATURES: tuple[Feature, ...] = (
         figures="interactive_shard.lifecycle.figures:report_figures",
         events="interactive_shard.lifecycle.events:EVENTS",
         probe="interactive_shard.lifecycle.probe",
+        rank_start="interactive_shard.probing.collective_log:start",  # construction syncs
     ),
 )
 

@@ -98,9 +98,12 @@ def _start(cfg: WorkerConfig) -> Any:
     dist.init_process_group(
         cfg.backend, store=store, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout
     )
-    from interactive_shard.probing import collective_log as _ring
+    from interactive_shard import features
 
-    _ring.start()  # from here on: DDP's construction-time sync happens before ish.watch
+    # What a feature must have running before the user's code: the collective log (DDP's
+    # construction-time sync happens before any ish.watch). Declared in the feature list.
+    for ref in dict.fromkeys(f.rank_start for f in features.FEATURES if f.rank_start):
+        features.load(ref)()
     emitter = Emitter(cfg.telemetry_address, cfg.telemetry_token, cfg.rank)
     rank_channel.set_emitter(emitter)
     return RankContext(cfg.rank, cfg.world_size, cfg.device, cfg.backend, emitter)

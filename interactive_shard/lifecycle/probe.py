@@ -73,10 +73,10 @@ from interactive_shard.lifecycle._iteration_record import Part
 from interactive_shard.lifecycle.events import LifecycleCheck
 from interactive_shard.probing import collective_log as _ring
 from interactive_shard.probing import spy as _spy
+from interactive_shard.probing.attachment import Attachment
 from interactive_shard.probing.compat import autograd as compat_autograd
 from interactive_shard.probing.compat import ddp as compat_ddp
 from interactive_shard.telemetry import rank as telemetry
-from interactive_shard.telemetry.rank import current_run as _current_run
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,11 @@ class _Forward:
         self.began = False
 
 
-class LifecycleProbe:
+class LifecycleProbe(Attachment):
+    kind = "lifecycle probe"
+
     def __init__(self, ddp: DDP, outer: Any = None) -> None:
+        super().__init__()
         self.ddp = ddp
         self.rec = _ring.start(since="watch")
         self.serial = self.rec.instance(ddp).serial
@@ -129,7 +132,6 @@ class LifecycleProbe:
         # Numbered as DDP numbers them, also when watched late (the bucket probe agrees).
         self._done_at_watch = _ring.iterations_done(ddp) or 0
         self.iteration = self._done_at_watch
-        self.attached = True
         self.emitted = 0
         self.walk_start: float | None = None  # set by _walk during a forward
         self.walk_end: float | None = None
@@ -143,39 +145,24 @@ class LifecycleProbe:
         self._seen_generation = -1
         self._double: set[tuple[tuple[str, ...], tuple[int, ...]]] = set()
         self._group = getattr(ddp.process_group, "group_name", "default")
-        self._run = _current_run()
-        self._undo: list[Callable[[], None]] = [telemetry.before_flush(self.send)]
         self.rec.subscribers.append(self._on_record)
-        self._undo.append(lambda: self.rec.subscribers.remove(self._on_record))
-        self._undo.append(_graph_walk_timer.install())
+        self.undo.append(lambda: self.rec.subscribers.remove(self._on_record))
+        self.undo.append(_graph_walk_timer.install())
         hooked = ddp if outer is None else outer
         pre = hooked.register_forward_pre_hook(self._before_forward, prepend=True)
         post = hooked.register_forward_hook(self._after_forward)
-        self._undo += [pre.remove, post.remove]
+        self.undo += [pre.remove, post.remove]
         for index, p in enumerate(self.tracked):
             handle = p.register_post_accumulate_grad_hook(self._ready_hook(index))
-            self._undo.append(handle.remove)
+            self.undo.append(handle.remove)
         spy = _spy.attach(ddp, self._on_launch)
         if spy is not None:
-            self._undo.append(lambda: _spy.detach(ddp, spy, self._on_launch))
-        self._undo.append(register_optimizer_step_post_hook(self._stepped).remove)
+            self.undo.append(lambda: _spy.detach(ddp, spy, self._on_launch))
+        self.undo.append(register_optimizer_step_post_hook(self._stepped).remove)
         self._announce()
         self._check_hooks()
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def detach(self) -> None:
-        """Remove every hook and patch; the model trains on exactly as before."""
-        if not self.attached:
-            return
-        self.send()
-        self.attached = False
-        undo, self._undo = self._undo, []
-        for fn in reversed(undo):
-            try:
-                fn()
-            except Exception:  # pragma: no cover
-                log.exception("lifecycle probe: undoing %s failed", fn)
-
     def __repr__(self) -> str:
         state = "attached" if self.attached else "detached"
         return f"LifecycleProbe(ddp #{self.serial}, iteration={self.iteration}, {state})"
@@ -184,11 +171,7 @@ class LifecycleProbe:
         """Emit what the open iteration holds so far (nothing before the first)."""
         with self._lock:
             part, self._part = self._part, Part()
-        if (
-            self.iteration > self._done_at_watch
-            and not part.empty()
-            and self._run == _current_run()
-        ):
+        if self.iteration > self._done_at_watch and not part.empty() and self.in_announced_run():
             self._emit(part.event(self.iteration, self.serial, self.names, self._group))
 
     # -- forward -----------------------------------------------------------------------------
@@ -202,8 +185,7 @@ class LifecycleProbe:
             self.iteration += 1
             self._open, self._cb_queued = True, False
             self._got = set()
-            if _current_run() != self._run:  # watched in one cluster.run, trained in the next
-                self._run = _current_run()
+            if self.new_run():  # watched in one cluster.run, trained in the next
                 self._announce()
             if self.rec.generation != self._seen_generation:
                 self._check_hooks()
@@ -311,7 +293,7 @@ class LifecycleProbe:
         # Nothing in a cluster.run this instance has not forwarded in (a probe never
         # detached, from an earlier run); then only its own collectives, and the user's
         # while its iteration is open.
-        if not self.attached or self._run != _current_run():
+        if not self.attached or not self.in_announced_run():
             return
         self._report_dead()
         issuer = record[7]
@@ -321,7 +303,7 @@ class LifecycleProbe:
             self._hold(record)
 
     def _on_launch(self, launch: _spy.Launch) -> None:
-        if self.attached and self.iteration > self._done_at_watch and self._run == _current_run():
+        if self.attached and self.iteration > self._done_at_watch and self.in_announced_run():
             self._hold(launch)
 
     def _hold(self, item: _ring.Record | _spy.Launch) -> None:

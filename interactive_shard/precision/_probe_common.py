@@ -32,9 +32,9 @@ from interactive_shard.precision.events import (
     Unit,
 )
 from interactive_shard.probing import in_backward
+from interactive_shard.probing.attachment import Attachment
 from interactive_shard.probing.compat import fsdp as compat_fsdp
 from interactive_shard.telemetry import rank as telemetry
-from interactive_shard.telemetry.rank import current_run
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +85,16 @@ def emit(event: msgspec.Struct) -> None:
     telemetry.emit(event.KIND, msgspec.to_builtins(event))  # type: ignore[attr-defined]
 
 
-class PrecisionRecorder:
+class PrecisionRecorder(Attachment):
     """One watched root on one rank: the iteration count and what was emitted in it.
 
     ``units`` (root first) describe the model; ``module_fqn`` maps ``id(module)`` of every
     module under the root to its fqn in the user's model and ``module_unit`` to the fqn
     of the innermost unit holding it. Subclasses install the hooks and list the undo
-    callables in ``self._undo``.
+    callables in ``self.undo`` (``probing.attachment.Attachment``).
     """
+
+    kind = "precision probe"
 
     wrapper: str = ""
 
@@ -109,41 +111,26 @@ class PrecisionRecorder:
         self.module_fqn = module_fqn
         self.module_unit = module_unit
         self.iteration = 0
-        self.attached = True
+        super().__init__()
         self.emitted = 0  # events; records travel in batches (Note [Precision probe])
         self.recorded = 0
         self._seen: dict[tuple[str, str], tuple[int, list[str]]] = {}
         self._held: list[PrecisionSeen] = []
         self._held_collectives: list[PrecisionCollective] = []
         self._hold_lock = threading.Lock()  # autograd hooks may run on other threads
-        self._undo: list[Callable[[], None]] = [telemetry.before_flush(self.send)]
         self._watch = PrecisionWatch(
             wrapper=self.wrapper,  # type: ignore[arg-type]
             world_size=world_size,
             units=units,
             reduce_rule=compat_fsdp.reduce_dtype_rule(),
         )
-        self._announced_in = current_run()
         self._emit(self._watch)
         self._optimizers: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, list[Any]]]] = (
             weakref.WeakKeyDictionary()
         )
-        self._undo.append(_stepping(self))
+        self.undo.append(_stepping(self))
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def detach(self) -> None:
-        """Remove every hook and patch; the model works on exactly as before."""
-        if not self.attached:
-            return
-        self.send()
-        self.attached = False
-        undo, self._undo = self._undo, []
-        for fn in reversed(undo):
-            try:
-                fn()
-            except Exception:  # pragma: no cover
-                log.exception("precision probe: undoing %s failed", fn)
-
     def __repr__(self) -> str:
         state = "attached" if self.attached else "detached"
         return (
@@ -157,9 +144,7 @@ class PrecisionRecorder:
             return
         self.send()
         self.iteration += 1
-        run = current_run()
-        if run != self._announced_in:  # watched in one cluster.run, trained in the next
-            self._announced_in = run
+        if self.new_run():  # watched in one cluster.run, trained in the next
             self._emit(self._watch)
 
     # -- recording ---------------------------------------------------------------------------

@@ -75,7 +75,7 @@ class DdpRecorder(PrecisionRecorder):
             raise
 
     def _install(self, ddp: DistributedDataParallel) -> None:
-        undo = self._undo
+        undo = self.undo
         handles = [
             ddp.register_forward_pre_hook(
                 guarded(self._before_cast), prepend=True, with_kwargs=True

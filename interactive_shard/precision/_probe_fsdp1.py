@@ -114,7 +114,7 @@ class Fsdp1Recorder(PrecisionRecorder):
         )
 
     def _install(self, root: nn.Module) -> None:
-        undo = self._undo
+        undo = self.undo
         undo.append(
             root.register_forward_pre_hook(lambda m, a: self.begin_forward(), prepend=True).remove
         )
@@ -196,7 +196,7 @@ class Fsdp1Recorder(PrecisionRecorder):
                 if mine is not None and mine[0]() is self:
                     del _HANDLES[handle]
 
-        self._undo.append(restore)
+        self.undo.append(restore)
 
     def unit_params(self) -> dict[int, str]:
         out: dict[int, str] = {}

@@ -115,7 +115,7 @@ class Fsdp2Recorder(PrecisionRecorder):
 
     # -- hooks -------------------------------------------------------------------------------
     def _install(self, root: nn.Module) -> None:
-        undo = self._undo
+        undo = self.undo
         # Before FSDP's own pre-forward (prepend): the root's cast belongs to the new iteration.
         handle = root.register_forward_pre_hook(lambda m, a: self.begin_forward(), prepend=True)
         undo.append(handle.remove)
@@ -167,7 +167,7 @@ class Fsdp2Recorder(PrecisionRecorder):
             else:
                 state._cast_forward_inputs = had
 
-        self._undo.append(restore)
+        self.undo.append(restore)
 
     def _observe_cast(
         self, fqn: str, args: Any, kwargs: Any, new_args: Any, new_kwargs: Any
@@ -232,7 +232,7 @@ class Fsdp2Recorder(PrecisionRecorder):
         return hook
 
     def _wrap_group(self, fqn: str, group: Any) -> None:
-        undo = self._undo
+        undo = self.undo
         pre_backward, post_backward = group.pre_backward, group.post_backward
         note_param = guarded(lambda: self.seen(fqn, "param", _unsharded_dtypes([group])))
         note_grad = guarded(lambda: self.seen(fqn, "grad", _unsharded_grad_dtypes(group)))

@@ -83,7 +83,7 @@ class CollectiveLog:
         self.since = ""  # "process_group" or "watch"
         self._serials = itertools.count(1)
         self._lock = threading.Lock()
-        self._undo: list[Callable[[], None]] = []
+        self.undo: list[Callable[[], None]] = []
 
     # -- instances -------------------------------------------------------------------------
     def instance(self, ddp: Any) -> Instance:
@@ -143,7 +143,7 @@ class CollectiveLog:
 
     # -- patches ---------------------------------------------------------------------------
     def install(self) -> None:
-        self._undo.append(_collectives.listen(self.on_collective))
+        self.undo.append(_collectives.listen(self.on_collective))
         init, remove, pre = DDP.__init__, DDP._remove_autograd_hooks, DDP._pre_forward
         recorder = self
 
@@ -178,10 +178,10 @@ class CollectiveLog:
             DDP._remove_autograd_hooks = remove  # type: ignore[method-assign]
             DDP._pre_forward = pre  # type: ignore[method-assign]
 
-        self._undo.append(restore)
+        self.undo.append(restore)
 
     def stop(self) -> None:
-        undo, self._undo = self._undo, []
+        undo, self.undo = self.undo, []
         for fn in reversed(undo):
             fn()
 

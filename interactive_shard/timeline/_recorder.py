@@ -18,8 +18,8 @@ import msgspec
 import torch
 
 from interactive_shard.probing import in_backward
+from interactive_shard.probing.attachment import Attachment
 from interactive_shard.telemetry import rank as telemetry
-from interactive_shard.telemetry.rank import current_run as _current_run
 from interactive_shard.timeline.events import Span, TimelineSpans, TimelineWatch
 
 log = logging.getLogger(__name__)
@@ -52,17 +52,18 @@ class _Open:
             self.noted.wait()
 
 
-class SpanRecorder:
-    """One watched model on one rank. Subclass-free: ``probe.attach`` installs the hooks
-    and appends their undo callables to ``undo``."""
+class SpanRecorder(Attachment):
+    """One watched model on one rank: ``probe.attach`` installs the hooks and appends
+    their undo callables to ``undo`` (``probing.attachment.Attachment``)."""
+
+    kind = "timeline probe"
 
     def __init__(self, target: str, depth: int | None, modules: list[str]) -> None:
         self.target = target
         self.iteration = 0
-        self.attached = True
+        super().__init__()
         self.emitted = 0  # events sent (batches and the watch)
         self.recorded = 0  # spans sent
-        self.undo: list[Callable[[], None]] = [telemetry.before_flush(self.send)]
         self._done: list[tuple[int, Span]] = []
         self._open: list[_Open] = []
         self._timed: list[tuple[int, str, str, Any, Any, dict[str, Any]]] = []  # CUDA events
@@ -78,7 +79,6 @@ class SpanRecorder:
             host=socket.gethostname(),
             step_is_iteration=True,
         )
-        self._announced_in = _current_run()
         self.params: set[int] = set()  # ids of the watched parameters (set by _install)
         self.closed = False  # the iteration's optimizer step is over (Note, step 6)
         self._emit(self._watch)
@@ -98,23 +98,8 @@ class SpanRecorder:
         self.send()
         self.iteration += 1
         self.closed = False
-        run = _current_run()
-        if run != self._announced_in:  # watched in one cluster.run, trained in the next
-            self._announced_in = run
+        if self.new_run():  # watched in one cluster.run, trained in the next
             self._emit(self._watch)
-
-    def detach(self) -> None:
-        """Remove every hook and patch; the model works on exactly as before."""
-        if not self.attached:
-            return
-        self.send()
-        self.attached = False
-        undo, self.undo = self.undo, []
-        for fn in reversed(undo):
-            try:
-                fn()
-            except Exception:  # pragma: no cover
-                log.exception("timeline probe: undoing %s failed", fn)
 
     def current(self) -> bool:
         """Whether process-wide things (collectives) are this model's: its iteration is
@@ -122,12 +107,7 @@ class SpanRecorder:
         not ended). A model watched in an earlier run and never detached does not
         record the next run's, nor does a model record another one's collectives
         between its step and its next forward."""
-        return (
-            self.attached
-            and self.iteration >= 1
-            and not self.closed
-            and self._announced_in == _current_run()
-        )
+        return self.attached and self.iteration >= 1 and not self.closed and self.in_announced_run()
 
     def use_cuda_events(self, device: Any) -> None:
         """Time compute spans on ``device`` with CUDA events: a hook runs when the work

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from interactive_shard.telemetry._columns import Column
 from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.rank_state import RankState
 from interactive_shard.telemetry.run_events import Log, Progress, Scalar, State
@@ -42,20 +43,20 @@ class Series:
     """
 
     def __init__(self) -> None:
-        self._steps = np.empty(16, dtype=np.int64)
-        self._values = np.empty(16, dtype=np.float64)
-        self._n = 0
+        # Small at first: a run may have a series per name and rank, thousands of them.
+        self._steps = Column(np.int64, capacity=16)
+        self._values = Column(np.float64, capacity=16)
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._steps)
 
     @property
     def step_array(self) -> np.ndarray:
-        return self._steps[: self._n]
+        return self._steps.view(0)
 
     @property
     def value_array(self) -> np.ndarray:
-        return self._values[: self._n]
+        return self._values.view(0)
 
     @property
     def steps(self) -> list[int]:
@@ -66,17 +67,11 @@ class Series:
         return self.value_array.tolist()  # type: ignore[no-any-return]
 
     def extend(self, steps: np.ndarray, values: np.ndarray) -> None:
-        n, more = self._n, len(steps)
-        if n + more > len(self._steps):
-            size = max(2 * len(self._steps), n + more)
-            self._steps = np.resize(self._steps, size)
-            self._values = np.resize(self._values, size)
-        self._steps[n : n + more] = steps
-        self._values[n : n + more] = values
-        self._n = n + more
+        self._steps.extend(steps, len(steps))
+        self._values.extend(values, len(values))
 
     def __repr__(self) -> str:
-        return f"Series({self._n} points)"
+        return f"Series({len(self)} points)"
 
 
 class MonitorModel:

@@ -1,5 +1,5 @@
 """A numpy column that grows by doubling: what the store keeps per event (kind, rank,
-step) and per scalar (name, value, time)."""
+step) and per scalar (name, value, time), and the monitor per scalar series."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ class Column:
 
     __slots__ = ("_data", "_n")
 
-    def __init__(self, dtype: type[np.generic]) -> None:
-        self._data: np.ndarray = np.empty(1024, dtype=dtype)
+    def __init__(self, dtype: type[np.generic], capacity: int = 1024) -> None:
+        self._data: np.ndarray = np.empty(capacity, dtype=dtype)
         self._n = 0
 
     def extend(self, values: Any, count: int) -> None:

@@ -30,7 +30,14 @@ from interactive_shard.buckets.figures_timeline import (
 )
 from interactive_shard.buckets.model import BucketMap
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import CAP_STEP, clamp_log2, log2_grid
+from interactive_shard.ui.controls import (
+    CAP_STEP,
+    LATEST,
+    clamp_log2,
+    log2_grid,
+    rank_options,
+    rank_selector,
+)
 from interactive_shard.ui.redraw import Redrawn
 
 __all__ = [
@@ -41,7 +48,6 @@ __all__ = [
     "report_figures",
 ]
 
-LATEST = 0  # iteration selector value that follows the newest iteration
 CAP_LOG2 = (-14.0, 9.0)  # what-if slider: 64 B .. 512 MiB, in MiB on a log2 scale
 MAX_FINDINGS = 20  # listed in the widget; all are in BucketMap.health
 # Health work per refresh with new events: a burst of 100k events holds 50k records to
@@ -113,7 +119,7 @@ class BucketMapView(live.LazyWidget):
         return f"0 = latest ({latest:,}) · {' · '.join(marks)}"
 
     def _rank_options(self) -> list[tuple[str, int]]:
-        return [(str(r), r) for r in sorted({*self.model.known_ranks, self.rank})]
+        return rank_options(self.model.known_ranks, self.rank)
 
     def _status(self) -> str:
         info = self.model.info
@@ -167,9 +173,7 @@ class BucketMapView(live.LazyWidget):
             layout={"width": "190px"},
         )
         self.iteration_note = widgets.HTML(self._iteration_note())
-        self.rank_selector = widgets.Dropdown(
-            description="rank", options=self._rank_options(), value=self.rank
-        )
+        self.rank_selector = rank_selector(self.model.known_ranks, self.rank)
         self.cap_slider = widgets.FloatLogSlider(
             value=clamp_log2(self.cap_mb, CAP_LOG2) if self.cap_mb is not None else recorded,
             base=2,

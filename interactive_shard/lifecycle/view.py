@@ -38,7 +38,7 @@ from interactive_shard.lifecycle.figures import (
 )
 from interactive_shard.lifecycle.model import Finding, Instance, LifecycleModel
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import Panels, swap_figure
+from interactive_shard.ui.controls import Panels, heading, rank_options, rank_selector, swap_figure
 from interactive_shard.ui.format import nbytes
 
 __all__ = ["LifecycleView", "report_figures"]
@@ -179,9 +179,7 @@ class LifecycleView(Panels, live.LazyWidget):
             value=self.chosen_ddp,
             layout={"width": "420px"},
         )
-        self.rank_selector = widgets.Dropdown(
-            description="rank", options=self._rank_options(), value=self.rank
-        )
+        self.rank_selector = rank_selector(self.model.ranks, self.rank)
         low, high = self._span()
         self.window_selector = widgets.IntRangeSlider(
             description="iterations",
@@ -204,9 +202,9 @@ class LifecycleView(Panels, live.LazyWidget):
                 self.settings_html,
                 self.window_selector,
                 self.lifecycle_figure,
-                _heading("Findings"),
+                heading("Findings"),
                 self.findings_html,
-                _heading("Hooks and bytes"),
+                heading("Hooks and bytes"),
                 self.hooks_figure,
                 self.bytes_figure,
             ]
@@ -227,7 +225,7 @@ class LifecycleView(Panels, live.LazyWidget):
         )
 
     def _rank_options(self) -> list[tuple[str, int]]:
-        return [(str(r), r) for r in sorted({*self.model.ranks, self.rank})]
+        return rank_options(self.model.ranks, self.rank)
 
     def _on_control(self, _change: dict[str, Any]) -> None:
         if self._quiet:
@@ -345,7 +343,3 @@ def _value(v: Any) -> str:
     if isinstance(v, list):
         return ", ".join(map(str, v)) or "—"
     return "—" if v is None else str(v)
-
-
-def _heading(text: str) -> widgets.HTML:
-    return widgets.HTML(f"<h4 style='margin:12px 0 4px 0'>{html.escape(text)}</h4>")

@@ -11,7 +11,6 @@ ranks run, and a panel is redrawn only when what it shows changed (the model's
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 import ipywidgets as widgets
@@ -30,12 +29,17 @@ from interactive_shard.precision.figures import (
 from interactive_shard.precision.figures_bytes import bytes_parts, collectives_parts
 from interactive_shard.precision.model import PrecisionModel
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import Panels, swap_figure
+from interactive_shard.ui.controls import (
+    LATEST,
+    Panels,
+    heading,
+    rank_options,
+    rank_selector,
+    swap_figure,
+)
 from interactive_shard.ui.text import literal
 
 __all__ = ["PrecisionView", "report_figures"]
-
-LATEST = 0  # iteration selector value that follows the newest iteration
 
 
 class PrecisionView(Panels, live.LazyWidget):
@@ -137,9 +141,7 @@ class PrecisionView(Panels, live.LazyWidget):
     # -- widgets ---------------------------------------------------------------------------
     def _build(self) -> None:
         self.model.update()
-        self.rank_selector = widgets.Dropdown(
-            description="rank", options=self._rank_options(), value=self.rank
-        )
+        self.rank_selector = rank_selector(self.model.ranks, self.rank)
         # A number, not a list of every iteration: a long run has 10,000 (0: the latest).
         self.iteration_selector = widgets.BoundedIntText(
             description="iteration",
@@ -176,13 +178,13 @@ class PrecisionView(Panels, live.LazyWidget):
                     ]
                 ),
                 self.grid_figure,
-                _heading("Unit"),
+                heading("Unit"),
                 self.unit_html,
-                _heading("Planned vs observed"),
+                heading("Planned vs observed"),
                 self.differences_html,
-                _heading("Findings and failures"),
+                heading("Findings and failures"),
                 self.findings_html,
-                _heading("Bytes held per dtype"),
+                heading("Bytes held per dtype"),
                 self.bytes_figure,
                 self.collectives_figure,
             ]
@@ -190,7 +192,7 @@ class PrecisionView(Panels, live.LazyWidget):
         self.refresh()
 
     def _rank_options(self) -> list[tuple[str, int]]:
-        return [(str(r), r) for r in sorted({*self.model.ranks, self.rank})]
+        return rank_options(self.model.ranks, self.rank)
 
     def _iteration_max(self) -> int:
         return max(self.model.latest() or 1, self.chosen_iteration)
@@ -283,7 +285,3 @@ class PrecisionView(Panels, live.LazyWidget):
 
 def _label(model: PrecisionModel, u: Unit, rank: int) -> str:
     return unit_label(u, model.depth(u.fqn, rank=rank))
-
-
-def _heading(text: str) -> widgets.HTML:
-    return widgets.HTML(f"<h4 style='margin:12px 0 4px 0'>{html.escape(text)}</h4>")

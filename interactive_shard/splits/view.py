@@ -30,7 +30,16 @@ from interactive_shard.splits.figures import (
 from interactive_shard.splits.model import Compilation, SplitsModel
 from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, SplitPlanError
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import CAP_STEP, Panels, clamp_log2, log2_grid, swap_figure
+from interactive_shard.ui.controls import (
+    CAP_STEP,
+    Panels,
+    clamp_log2,
+    heading,
+    log2_grid,
+    rank_options,
+    rank_selector,
+    swap_figure,
+)
 from interactive_shard.ui.format import nbytes
 
 __all__ = ["SplitsView", "report_figures"]
@@ -162,9 +171,7 @@ class SplitsView(Panels, live.LazyWidget):
     # -- widgets ---------------------------------------------------------------------------
     def _build(self) -> None:
         self.model.update()
-        self.rank_selector = widgets.Dropdown(
-            description="rank", options=self._rank_options(), value=self.rank
-        )
+        self.rank_selector = rank_selector(self.model.ranks, self.rank)
         self.compile_selector = widgets.Dropdown(
             description="compile", options=self._compile_options(), value=self.chosen_index
         )
@@ -200,15 +207,15 @@ class SplitsView(Panels, live.LazyWidget):
                 self.partition_selector,
                 self.partition_html,
                 self.code_html,
-                _heading("Planned vs captured"),
+                heading("Planned vs captured"),
                 self.compare_figure,
                 self.differences_html,
-                _heading("What if: another cap"),
+                heading("What if: another cap"),
                 widgets.HBox([self.cap_slider, self.first_cap_slider, self.reset_button]),
                 self.what_if_html,
                 self.what_if_figure,
                 self.sweep_figure,
-                _heading("Compile time (DDPOptimizer) vs run time (DDP's buckets)"),
+                heading("Compile time (DDPOptimizer) vs run time (DDP's buckets)"),
                 self.runtime_html,
             ]
         )
@@ -223,7 +230,7 @@ class SplitsView(Panels, live.LazyWidget):
         self.refresh()
 
     def _rank_options(self) -> list[tuple[str, int]]:
-        return [(str(r), r) for r in sorted({*self.model.ranks, self.rank})]
+        return rank_options(self.model.ranks, self.rank)
 
     def _compile_options(self) -> list[tuple[str, int]]:
         key = (self.rank, self.model.count(self.rank), self.chosen_index)
@@ -373,10 +380,6 @@ class SplitsView(Panels, live.LazyWidget):
                 (self.partition_selector, self._partition_options(), self._selected_index()),
             )
         )
-
-
-def _heading(text: str) -> widgets.HTML:
-    return widgets.HTML(f"<h4 style='margin:12px 0 4px 0'>{html.escape(text)}</h4>")
 
 
 def _slider(

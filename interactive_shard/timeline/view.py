@@ -30,7 +30,7 @@ from interactive_shard.timeline.figures_collectives import collectives_spec, ove
 from interactive_shard.timeline.figures_lanes import KIND_COLORS
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import Panels
+from interactive_shard.ui.controls import Panels, heading
 from interactive_shard.ui.redraw import Redrawn
 
 __all__ = ["TimelineView", "report_figures", "versus"]
@@ -250,11 +250,11 @@ class TimelineView(Panels, live.LazyWidget):
         self.iteration_box.observe(self._on_box, names="value")
         self.details = widgets.VBox(
             [
-                _heading("Backward order"),
+                heading("Backward order"),
                 self.order_html,
-                _heading("Overlap per iteration"),
+                heading("Overlap per iteration"),
                 self.overlap_figure,
-                _heading("Collectives across ranks"),
+                heading("Collectives across ranks"),
                 self.collectives_figure,
                 self.export_html,
             ]
@@ -408,7 +408,3 @@ def _listed(model: TimelineModel) -> list[int]:
         return model.iterations()
     first = model.earliest()
     return [*([first] if first is not None else []), *model.recent(RECENT_OPTIONS)]
-
-
-def _heading(text: str) -> widgets.HTML:
-    return widgets.HTML(f"<h4 style='margin:12px 0 4px 0'>{html.escape(text)}</h4>")

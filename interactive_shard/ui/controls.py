@@ -1,7 +1,9 @@
-"""Plumbing the views share: redrawing a FigureWidget in one update, log-scale cap sliders."""
+"""Plumbing the views share: headings, the rank selector, the "latest" sentinel, redrawing a
+FigureWidget in one update, log-scale cap sliders."""
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -9,6 +11,26 @@ from typing import Any
 import plotly.graph_objects as go
 
 CAP_STEP = 0.25  # what-if cap sliders, in log2: four positions per doubling
+LATEST = 0  # an iteration selector's value that follows the newest (iterations count from 1)
+
+
+def heading(text: str) -> Any:
+    """A panel's heading in a view."""
+    import ipywidgets as widgets
+
+    return widgets.HTML(f"<h4 style='margin:12px 0 4px 0'>{html.escape(text)}</h4>")
+
+
+def rank_options(ranks: Iterable[int], shown: int) -> list[tuple[str, int]]:
+    """A rank selector's options: the ranks seen so far and the one shown."""
+    return [(str(r), r) for r in sorted({*ranks, shown})]
+
+
+def rank_selector(ranks: Iterable[int], shown: int) -> Any:
+    """The rank selector every per-rank view has."""
+    import ipywidgets as widgets
+
+    return widgets.Dropdown(description="rank", options=rank_options(ranks, shown), value=shown)
 
 
 def swap_figure(target: go.FigureWidget, fig: go.Figure) -> None:

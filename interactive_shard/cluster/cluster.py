@@ -232,8 +232,10 @@ class Cluster(live.ShowsView):
         """Kill the ranks and start fresh ones (``ctx.state`` is emptied). A run still
         in progress ends with a ``RankError`` saying so."""
         self._check_open()
-        self._stop_generation(graceful=False)
-        self._end_current("cluster.restart()")
+        try:
+            self._stop_generation(graceful=False)
+        finally:
+            self._end_current("cluster.restart()")
         self._start()
 
     def close(self) -> None:
@@ -246,10 +248,10 @@ class Cluster(live.ShowsView):
         self._closed = True
         try:
             self._stop_generation(graceful=True)
-            self._end_current("cluster.close()")
         finally:
             self._res.close()  # idempotent: a second close finishes an interrupted one
             self._finalizer.detach()
+            self._end_current("cluster.close()")  # interrupted too: nothing will reply
 
     def __enter__(self) -> Cluster:
         return self

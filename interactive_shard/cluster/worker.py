@@ -122,32 +122,32 @@ def _serve(cfg: WorkerConfig, ctx: Any, conn: Connection) -> None:
             break
         run_id = msg.run_id
         emitter.start_run(run_id)
-        reply: Done | Failed
+        result = b""
+        failure: tuple[str, bool, bool] | None = None  # traceback, interrupted, broken
         try:
             fn, args, kwargs, sources = pickle.loads(msg.payload)
             linecache.cache.update(sources)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
-                result = fn(ctx, *args, **kwargs)
+                value = fn(ctx, *args, **kwargs)
             finally:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-            reply = Done(run_id, _dumps_result(cfg.rank, result))
+            result = _dumps_result(cfg.rank, value)
         except KeyboardInterrupt:
-            reply = Failed(run_id, _format_exc(cfg.rank), interrupted=True, broken=False)
+            failure = (_format_exc(cfg.rank), True, False)
         except BaseException as exc:
-            broken = _breaks_group(exc)
-            reply = Failed(run_id, _format_exc(cfg.rank), interrupted=False, broken=broken)
+            failure = (_format_exc(cfg.rank), False, _breaks_group(exc))
         _restore_output()
         try:
             emitter.flush(final=True)
         except Exception:  # the reply matters more than the last events (counted missing)
             traceback.print_exc()
-        if isinstance(reply, Done):
+        sent = emitter.taken  # the kernel compares it with what arrived
+        if failure is None:
             # dist.destroy_process_group() in the function: say so, the kernel restarts.
-            reply = Done(run_id, reply.result, emitter.taken, not dist.is_initialized())
+            conn.send(Done(run_id, result, sent, group_lost=not dist.is_initialized()))
         else:
-            reply = Failed(run_id, reply.traceback, reply.interrupted, reply.broken, emitter.taken)
-        conn.send(reply)
+            conn.send(Failed(run_id, *failure, sent=sent))
     _shutdown(emitter)
 
 

@@ -108,7 +108,7 @@ class Generation:
             )
         self.stopping = False
         self._stopped = False
-        self._stop = threading.Event()
+        self._halt = threading.Event()  # the supervisor thread ends
         self._thread = threading.Thread(target=self._supervise, name="ish-supervisor", daemon=True)
         self._thread.start()
 
@@ -120,7 +120,7 @@ class Generation:
             for stream, conn in r.outputs.items():
                 watched[conn] = (r, stream)
             watched[r.process.sentinel] = (r, "exit")
-        while watched and not self._stop.is_set():
+        while watched and not self._halt.is_set():
             ready: list[Any] = wait(list(watched), timeout=0.2)
             for obj in ready:
                 if obj not in watched:
@@ -244,7 +244,7 @@ class Generation:
             r.kill_group()  # ranks still running, and whatever the ranks started
         for r in self.ranks:
             r.join(timeout=5)
-        self._stop.set()
+        self._halt.set()
         self._thread.join(timeout=2)
         for r in self.ranks:
             for conn in (r.conn, *r.outputs.values()):

@@ -39,7 +39,12 @@ class Column:
             self._data[n : n + count] = fit
         self._n = n + count
 
-    def view(self, start: int, end: int | None = None) -> np.ndarray:
+    def replace(self, values: np.ndarray) -> None:
+        """Hold ``values`` instead (a re-sorted index; views taken before keep the old)."""
+        self._n = 0
+        self.extend(values, len(values))
+
+    def view(self, start: int = 0, end: int | None = None) -> np.ndarray:
         """The values from ``start`` to ``end`` (by default, all so far)."""
         return self._data[start : self._n if end is None else end]
 

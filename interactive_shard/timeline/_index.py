@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from interactive_shard.telemetry._columns import Column
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore
-from interactive_shard.timeline._ranks import Grown, RankEvents
+from interactive_shard.timeline._ranks import RankEvents
 from interactive_shard.timeline.events import TimelineSpans, TimelineWatch
 
 WATCH = TimelineWatch.KIND
@@ -47,7 +48,7 @@ class Index:
         self.position = 0  # where the next update starts in the store's log
         self.ranks: dict[int, RankEvents] = {}
         self._decode = decode  # a cursor's: None (counted) when the event does not fit
-        self._every = Grown()  # iterations of any rank, ascending
+        self._every = Column(np.int64, capacity=64)  # iterations of any rank, ascending
         self._every_list: list[int] | None = []  # the same as ints (None: stale)
 
     def iterations(self) -> list[int]:
@@ -180,5 +181,5 @@ class Index:
             if new[0] <= every[-1]:
                 self._every_list = None  # out of order: merged when asked
                 return
-        self._every.extend(new)
+        self._every.extend(new, len(new))
         self._every_list.extend(new.tolist())

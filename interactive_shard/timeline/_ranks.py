@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from interactive_shard.telemetry._columns import Column
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.timeline.events import TimelineWatch
 
@@ -22,32 +23,6 @@ Fetch = Callable[[list[int]], list[Event]]
 
 def _nothing(_: list[int]) -> list[Event]:
     return []
-
-
-class Grown:
-    """An int64 array that grows by doubling (appends cost what they add)."""
-
-    __slots__ = ("_data", "n")
-
-    def __init__(self) -> None:
-        self._data: np.ndarray = np.empty(0, dtype=np.int64)
-        self.n = 0
-
-    def view(self) -> np.ndarray:
-        return self._data[: self.n]
-
-    def extend(self, values: np.ndarray) -> None:
-        n, k = self.n, len(values)
-        if n + k > len(self._data):
-            grown = np.empty(max(2 * len(self._data), n + k, 64), dtype=np.int64)
-            grown[:n] = self._data[:n]
-            self._data = grown
-        self._data[n : n + k] = values
-        self.n = n + k
-
-    def replace(self, values: np.ndarray) -> None:
-        self.n = 0
-        self.extend(values)
 
 
 class RankEvents:
@@ -63,8 +38,8 @@ class RankEvents:
         self.watch: TimelineWatch | None = None
         self.generation = next(_generations)
         self.checked: dict[int, int] = {}  # iteration -> its batches decoded (and counted)
-        self.its = Grown()
-        self.first = Grown()
+        self.its = Column(np.int64, capacity=64)
+        self.first = Column(np.int64, capacity=64)
         self.more: dict[int, list[int]] = {}
         self._list: list[int] = []  # its as Python ints (what callers iterate)
         self._fetch = fetch
@@ -83,7 +58,7 @@ class RankEvents:
         return self.its.view()
 
     def __len__(self) -> int:
-        return self.its.n
+        return len(self.its)
 
     def _find(self, it: int) -> int:
         its = self.its.view()
@@ -142,8 +117,8 @@ class RankEvents:
         if not len(u_its):
             return u_its
         if not len(known) or u_its[0] > known[-1]:
-            self.its.extend(u_its)
-            self.first.extend(u_pos)
+            self.its.extend(u_its, len(u_its))
+            self.first.extend(u_pos, len(u_pos))
             self._list.extend(u_its.tolist())
         else:  # out of order (a late batch): merged, once
             both_its = np.concatenate([known, u_its])

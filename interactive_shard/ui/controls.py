@@ -10,6 +10,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from interactive_shard.ui.redraw import whole
+
 CAP_STEP = 0.25  # what-if cap sliders, in log2: four positions per doubling
 LATEST = 0  # an iteration selector's value that follows the newest (iterations count from 1)
 
@@ -41,12 +43,7 @@ def swap_figure(target: go.FigureWidget, fig: go.Figure) -> None:
     """
     layout = fig.layout.to_plotly_json()
     layout.pop("template", None)
-    with target.batch_update():
-        target.data = ()
-        target.add_traces(list(fig.data))
-        target.update_layout(layout, overwrite=True)
-        target.layout.shapes = layout.get("shapes", ())
-        target.layout.annotations = layout.get("annotations", ())
+    whole(target, list(fig.data), layout)
 
 
 def clamp_log2(value: float, bounds: tuple[float, float]) -> float:

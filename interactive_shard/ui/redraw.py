@@ -38,7 +38,7 @@ class Redrawn:
         self._shown = spec
         if shown is None or _identities(shown[0]) != _identities(traces):
             self.whole += 1
-            _whole(self.widget, traces, layout)
+            whole(self.widget, traces, layout)
             return
         restyle: dict[str, list[Any]] = {}
         changed_traces: list[int] = []
@@ -68,8 +68,9 @@ def _identities(traces: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return [tuple(t.get(k) for k in _IDENTITY) for t in traces]
 
 
-def _whole(widget: go.FigureWidget, traces: list[dict[str, Any]], layout: dict[str, Any]) -> None:
-    # As ui.controls.swap_figure, from dicts: no go.Figure built (and validated) first.
+def whole(widget: go.FigureWidget, traces: list[Any], layout: dict[str, Any]) -> None:
+    """Draw ``traces`` (dicts, or a figure's traces) and ``layout`` whole, as one front-end
+    update: every redraw that is not a patch comes here (``ui.controls.swap_figure`` too)."""
     with widget.batch_update():
         widget.data = ()
         widget.add_traces(traces)

@@ -110,7 +110,6 @@ class PrecisionRecorder(Attachment):
         self.units = units
         self.module_fqn = module_fqn
         self.module_unit = module_unit
-        self.iteration = 0
         super().__init__()
         self.emitted = 0  # events; records travel in batches (Note [Precision probe])
         self.recorded = 0
@@ -140,12 +139,10 @@ class PrecisionRecorder(Attachment):
 
     def begin_forward(self) -> None:
         """A forward of the watched root (not one recomputed in backward) began."""
-        if in_backward() or not self.attached:
-            return
-        self.send()
-        self.iteration += 1
-        if self.new_run():  # watched in one cluster.run, trained in the next
-            self._emit(self._watch)
+        self.begin_iteration()
+
+    def announce(self) -> None:
+        self._emit(self._watch)
 
     # -- recording ---------------------------------------------------------------------------
     def seen(

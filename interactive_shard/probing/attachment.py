@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from interactive_shard.probing import in_backward
 from interactive_shard.telemetry import rank as telemetry
 from interactive_shard.telemetry.rank import current_run
 
@@ -25,12 +26,28 @@ class Attachment:
     kind = "probe"  # in the log line of an undo that failed
 
     def __init__(self) -> None:
+        self.iteration = 0  # forwards of the watched model (numbered from 1)
         self.attached = True
         self.undo: list[Callable[[], object]] = [telemetry.before_flush(self.send)]
         self.announced_in = current_run()
 
     def send(self) -> None:
         """Send what the probe holds (an explicit flush, a detach); nothing by default."""
+
+    def announce(self) -> None:
+        """Say what is watched (its watch event) in a run that has not heard it."""
+
+    def begin_iteration(self) -> bool:
+        """A forward of the watched model began: send what the last iteration held, count
+        this one, announce again in a new ``cluster.run``. False (nothing done) when
+        detached or for a forward recomputed in backward (activation checkpointing)."""
+        if in_backward() or not self.attached:
+            return False
+        self.send()
+        self.iteration += 1
+        if self.new_run():  # watched in one cluster.run, trained in the next
+            self.announce()
+        return True
 
     def new_run(self) -> bool:
         """Whether a ``cluster.run`` began since the probe last announced itself (it then

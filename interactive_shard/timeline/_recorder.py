@@ -60,7 +60,6 @@ class SpanRecorder(Attachment):
 
     def __init__(self, target: str, depth: int | None, modules: list[str]) -> None:
         self.target = target
-        self.iteration = 0
         super().__init__()
         self.emitted = 0  # events sent (batches and the watch)
         self.recorded = 0  # spans sent
@@ -93,13 +92,11 @@ class SpanRecorder(Attachment):
     # -- lifecycle ---------------------------------------------------------------------------
     def begin_forward(self) -> None:
         """A forward of the watched model (not one recomputed in backward) began."""
-        if in_backward() or not self.attached:
-            return
-        self.send()
-        self.iteration += 1
-        self.closed = False
-        if self.new_run():  # watched in one cluster.run, trained in the next
-            self._emit(self._watch)
+        if self.begin_iteration():
+            self.closed = False
+
+    def announce(self) -> None:
+        self._emit(self._watch)
 
     def current(self) -> bool:
         """Whether process-wide things (collectives) are this model's: its iteration is

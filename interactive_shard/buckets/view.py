@@ -37,6 +37,7 @@ from interactive_shard.ui.controls import (
     log2_grid,
     rank_options,
     rank_selector,
+    shown_rank,
 )
 from interactive_shard.ui.redraw import Redrawn
 
@@ -95,10 +96,7 @@ class BucketMapView(live.LazyWidget):
 
     @property
     def rank(self) -> int:
-        if self.chosen_rank is not None:
-            return self.chosen_rank
-        ranks = self.model.known_ranks
-        return 0 if 0 in ranks or not ranks else ranks[0]
+        return shown_rank(self.chosen_rank, self.model.known_ranks)
 
     @property
     def what_if(self) -> dict[str, Any]:

@@ -38,7 +38,14 @@ from interactive_shard.lifecycle.figures import (
 )
 from interactive_shard.lifecycle.model import Finding, Instance, LifecycleModel
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import Panels, heading, rank_options, rank_selector, swap_figure
+from interactive_shard.ui.controls import (
+    Panels,
+    heading,
+    rank_options,
+    rank_selector,
+    shown_rank,
+    swap_figure,
+)
 from interactive_shard.ui.format import nbytes
 
 __all__ = ["LifecycleView", "report_figures"]
@@ -86,10 +93,7 @@ class LifecycleView(Panels, live.LazyWidget):
     # -- state (no widgets) ----------------------------------------------------------------
     @property
     def rank(self) -> int:
-        if self.chosen_rank is not None:
-            return self.chosen_rank
-        ranks = self.model.ranks
-        return ranks[0] if ranks else 0
+        return shown_rank(self.chosen_rank, self.model.ranks)
 
     @property
     def instance(self) -> Instance | None:

@@ -35,6 +35,7 @@ from interactive_shard.ui.controls import (
     heading,
     rank_options,
     rank_selector,
+    shown_rank,
     swap_figure,
 )
 from interactive_shard.ui.text import literal
@@ -74,10 +75,7 @@ class PrecisionView(Panels, live.LazyWidget):
     # -- state (no widgets) ----------------------------------------------------------------
     @property
     def rank(self) -> int:
-        if self.chosen_rank is not None:
-            return self.chosen_rank
-        ranks = self.model.ranks
-        return 0 if 0 in ranks or not ranks else ranks[0]
+        return shown_rank(self.chosen_rank, self.model.ranks)
 
     @property
     def iteration(self) -> int:

@@ -38,6 +38,7 @@ from interactive_shard.ui.controls import (
     log2_grid,
     rank_options,
     rank_selector,
+    shown_rank,
     swap_figure,
 )
 from interactive_shard.ui.format import nbytes
@@ -89,10 +90,7 @@ class SplitsView(Panels, live.LazyWidget):
     # -- state (no widgets) ----------------------------------------------------------------
     @property
     def rank(self) -> int:
-        if self.chosen_rank is not None:
-            return self.chosen_rank
-        ranks = self.model.ranks
-        return 0 if 0 in ranks or not ranks else ranks[0]
+        return shown_rank(self.chosen_rank, self.model.ranks)
 
     @property
     def index(self) -> int | None:

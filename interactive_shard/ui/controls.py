@@ -23,6 +23,14 @@ def heading(text: str) -> Any:
     return widgets.HTML(f"<h4 style='margin:12px 0 4px 0'>{html.escape(text)}</h4>")
 
 
+def shown_rank(chosen: int | None, ranks: list[int]) -> int:
+    """The rank a view shows: the chosen one, else rank 0 (or the lowest seen, if 0 has
+    not reported yet)."""
+    if chosen is not None:
+        return chosen
+    return 0 if 0 in ranks or not ranks else ranks[0]
+
+
 def rank_options(ranks: Iterable[int], shown: int) -> list[tuple[str, int]]:
     """A rank selector's options: the ranks seen so far and the one shown."""
     return [(str(r), r) for r in sorted({*ranks, shown})]

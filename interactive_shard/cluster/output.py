@@ -134,9 +134,6 @@ class LineRing:
         new = min(self.total - total, len(self._lines))
         return list(self._lines)[len(self._lines) - new :] if new > 0 else []
 
-    def __len__(self) -> int:
-        return len(self._lines)
-
 
 # (stream, text, time) of one line a rank wrote
 Line = tuple[str, str, float]

@@ -1,4 +1,4 @@
-"""How numbers read on screen, one way everywhere: bytes, durations, counts.
+"""How numbers read on screen, one way everywhere: bytes and durations.
 
 ``nbytes(3 * 2**30)`` is ``3 GiB`` in every figure, hover, summary and table (the
 features once had six formatters that showed it as ``3.07e+03 MiB``, ``3 GiB`` and
@@ -7,7 +7,7 @@ features once had six formatters that showed it as ``3.07e+03 MiB``, ``3 GiB`` a
 
 from __future__ import annotations
 
-__all__ = ["byte_unit", "count", "duration_ms", "nbytes", "short"]
+__all__ = ["byte_unit", "duration_ms", "nbytes", "short"]
 
 _BYTE_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
 
@@ -37,8 +37,3 @@ def nbytes(n: float) -> str:
 def duration_ms(seconds: float) -> str:
     """``1.25 ms``, ``1,230 ms``: a duration in milliseconds."""
     return f"{short(seconds * 1e3)} ms"
-
-
-def count(n: int) -> str:
-    """``12,345``."""
-    return f"{n:,}"

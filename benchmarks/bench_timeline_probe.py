@@ -64,7 +64,7 @@ def _model(kind: str, layers: int, width: int) -> Any:
 def _build(ctx: Any, kind: str, layers: int, width: int, which: str) -> int:
     import torch
 
-    from interactive_shard.lifecycle import probe as lifecycle
+    from interactive_shard.ddp import probe as lifecycle
     from interactive_shard.timeline import probe as timeline
 
     probe = lifecycle if which == "lifecycle" else timeline

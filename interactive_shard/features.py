@@ -165,13 +165,13 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         name="ddp",
         title="DDP lifecycle",
-        model="interactive_shard.lifecycle.model:LifecycleModel",
-        view="interactive_shard.lifecycle.view:LifecycleView",
-        summary="interactive_shard.lifecycle.summary:summary",
-        fake="interactive_shard.lifecycle.fake:sample",
-        figures="interactive_shard.lifecycle.figures:report_figures",
-        events="interactive_shard.lifecycle.events:EVENTS",
-        probe="interactive_shard.lifecycle.probe",
+        model="interactive_shard.ddp.model:LifecycleModel",
+        view="interactive_shard.ddp.view:LifecycleView",
+        summary="interactive_shard.ddp.summary:summary",
+        fake="interactive_shard.ddp.fake:sample",
+        figures="interactive_shard.ddp.figures:report_figures",
+        events="interactive_shard.ddp.events:EVENTS",
+        probe="interactive_shard.ddp.probe",
         rank_start="interactive_shard.probing.collective_log:start",  # construction syncs
     ),
 )

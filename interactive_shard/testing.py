@@ -20,7 +20,7 @@ from interactive_shard.buckets.fake import (
     mlp_params,
     module_params,
 )
-from interactive_shard.lifecycle.fake import (
+from interactive_shard.ddp.fake import (
     FakeLifecycle,
 )
 from interactive_shard.precision.fake import (

@@ -1,6 +1,6 @@
 """The rank's process-wide collective recorder and DDP instance registry.
 
-See Note [Lifecycle probe] in ``lifecycle/probe.py``, "CollectiveLog". Started once per
+See Note [Lifecycle probe] in ``ddp/probe.py``, "CollectiveLog". Started once per
 process: by the cluster's worker right after ``init_process_group`` (so DDP's
 construction-time sync,
 which runs inside ``DistributedDataParallel.__init__`` before anyone can watch it, is

@@ -16,8 +16,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import interactive_shard as ish
-from interactive_shard.lifecycle import probe
-from interactive_shard.lifecycle.events import LifecycleCheck, LifecycleIteration, LifecycleWatch
+from interactive_shard.ddp import probe
+from interactive_shard.ddp.events import LifecycleCheck, LifecycleIteration, LifecycleWatch
 from interactive_shard.probing.compat import ddp as compat_ddp
 
 
@@ -259,7 +259,7 @@ def test_delayed_parameters_are_reduced_at_the_hook_parameter(cluster: ish.Clust
 
 
 def _plain_vs_watched(ctx: Any) -> dict[str, bool]:
-    from interactive_shard.lifecycle import _graph_walk_timer
+    from interactive_shard.ddp import _graph_walk_timer
 
     out, restored = [], False
     for watched in (False, True):

@@ -9,10 +9,10 @@ import pytest
 from support import lifecycle_state as state
 from support import make_store
 
-from interactive_shard.lifecycle import model
-from interactive_shard.lifecycle.figures import STATE_COLORS, figure_lifecycle
-from interactive_shard.lifecycle.model import LifecycleModel
-from interactive_shard.lifecycle.view import LifecycleView
+from interactive_shard.ddp import model
+from interactive_shard.ddp.figures import STATE_COLORS, figure_lifecycle
+from interactive_shard.ddp.model import LifecycleModel
+from interactive_shard.ddp.view import LifecycleView
 from interactive_shard.telemetry import consume
 from interactive_shard.testing import FakeLifecycle
 
@@ -72,7 +72,7 @@ def test_the_view_says_what_is_left_and_its_poller_finishes(
 ) -> None:
     polls: list[object] = []
     monkeypatch.setattr("interactive_shard.ui.live.keep_polling", polls.append)
-    monkeypatch.setattr("interactive_shard.lifecycle.view.POLL_BUDGET_S", 1.5)  # a chunk
+    monkeypatch.setattr("interactive_shard.ddp.view.POLL_BUDGET_S", 1.5)  # a chunk
     events = FakeLifecycle(iterations=300, dropped_at=290).events()
     store = make_store(events[:10])
     view = LifecycleView(LifecycleModel(store))

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 from support import make_store
 
-from interactive_shard.lifecycle.events import LifecycleIteration
-from interactive_shard.lifecycle.model import PURPOSE_ORDER, LifecycleModel
+from interactive_shard.ddp.events import LifecycleIteration
+from interactive_shard.ddp.model import PURPOSE_ORDER, LifecycleModel
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.testing import FakeLifecycle
 

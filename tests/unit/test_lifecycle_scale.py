@@ -10,10 +10,10 @@ import pytest
 from support import lifecycle_state as state
 from support import make_store
 
-from interactive_shard.lifecycle import _iteration_columns, model
-from interactive_shard.lifecycle.figures import MAX_COLUMNS, STATE_COLORS, figure_lifecycle
-from interactive_shard.lifecycle.model import LifecycleModel
-from interactive_shard.lifecycle.view import LifecycleView
+from interactive_shard.ddp import _iteration_columns, model
+from interactive_shard.ddp.figures import MAX_COLUMNS, STATE_COLORS, figure_lifecycle
+from interactive_shard.ddp.model import LifecycleModel
+from interactive_shard.ddp.view import LifecycleView
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.testing import FakeLifecycle
 

@@ -12,7 +12,7 @@ from support import make_store
 
 from interactive_shard import features, report
 from interactive_shard.cluster.run import Run
-from interactive_shard.lifecycle.figures import (
+from interactive_shard.ddp.figures import (
     PURPOSE_COLORS,
     ROWS,
     STATE_COLORS,
@@ -22,8 +22,8 @@ from interactive_shard.lifecycle.figures import (
     instance_label,
     report_figures,
 )
-from interactive_shard.lifecycle.model import PURPOSE_ORDER, LifecycleModel
-from interactive_shard.lifecycle.view import LEVEL_COLORS, NEWEST, LifecycleView
+from interactive_shard.ddp.model import PURPOSE_ORDER, LifecycleModel
+from interactive_shard.ddp.view import LEVEL_COLORS, NEWEST, LifecycleView
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.testing import FakeLifecycle
 from interactive_shard.ui import live
@@ -33,10 +33,10 @@ STATES = list(STATE_COLORS)
 FEATURE = features.Feature(
     name="ddp",
     title="DDP lifecycle",
-    model="interactive_shard.lifecycle.model:LifecycleModel",
-    view="interactive_shard.lifecycle.view:LifecycleView",
-    figures="interactive_shard.lifecycle.figures:report_figures",
-    events="interactive_shard.lifecycle.events:EVENTS",
+    model="interactive_shard.ddp.model:LifecycleModel",
+    view="interactive_shard.ddp.view:LifecycleView",
+    figures="interactive_shard.ddp.figures:report_figures",
+    events="interactive_shard.ddp.events:EVENTS",
 )
 
 
@@ -223,7 +223,7 @@ def test_empty_state_then_a_live_run_redraws_only_on_new_data(
     assert view.details.layout.display == "" and view.ddp == 1
     assert "1 iteration(s)" in view.lifecycle_figure.layout.title.text
     swaps: list[go.FigureWidget] = []
-    monkeypatch.setattr("interactive_shard.lifecycle.view._redraw", lambda w, *_: swaps.append(w))
+    monkeypatch.setattr("interactive_shard.ddp.view._redraw", lambda w, *_: swaps.append(w))
     view.refresh()
     assert swaps == []  # nothing new: no figure rebuilt
     m.store.append(Event("log", 0, 0, 1.0, {"text": "not a lifecycle event"}))

@@ -22,7 +22,7 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from interactive_shard.lifecycle.figures import (
+from interactive_shard.ddp.figures import (
     MAX_COLUMNS,
     STATE_COLORS,
     Bars,
@@ -36,7 +36,7 @@ from interactive_shard.lifecycle.figures import (
     pick,
     report_figures,
 )
-from interactive_shard.lifecycle.model import Finding, Instance, LifecycleModel
+from interactive_shard.ddp.model import Finding, Instance, LifecycleModel
 from interactive_shard.ui import live
 from interactive_shard.ui.controls import (
     Panels,

@@ -67,10 +67,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from interactive_shard.lifecycle import _checks, _graph_walk_timer
-from interactive_shard.lifecycle._instance_watch import delayed_owners, watch_event
-from interactive_shard.lifecycle._iteration_record import Part
-from interactive_shard.lifecycle.events import LifecycleCheck
+from interactive_shard.ddp import _checks, _graph_walk_timer
+from interactive_shard.ddp._instance_watch import delayed_owners, watch_event
+from interactive_shard.ddp._iteration_record import Part
+from interactive_shard.ddp.events import LifecycleCheck
 from interactive_shard.probing import collective_log as _ring
 from interactive_shard.probing import spy as _spy
 from interactive_shard.probing.attachment import Attachment

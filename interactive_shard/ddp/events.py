@@ -1,6 +1,6 @@
 """The DDP lifecycle probe's events: one msgspec Struct per event kind, the only definition.
 
-Emitted on the ranks by ``interactive_shard.lifecycle.probe`` (attached to a
+Emitted on the ranks by ``interactive_shard.ddp.probe`` (attached to a
 ``DistributedDataParallel`` model). Times are ``time.monotonic()`` seconds on the rank.
 A DDP instance is named by its *serial*: 1, 2, ... in the order this rank constructed
 them (instances built before the rank's collective recorder started are numbered when

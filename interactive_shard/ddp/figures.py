@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from interactive_shard.lifecycle.figures_strip import (
+from interactive_shard.ddp.figures_strip import (
     EMPTY,
     MAX_COLUMNS,
     ROWS,
@@ -30,7 +30,7 @@ from interactive_shard.lifecycle.figures_strip import (
     pick,
     window_rows,
 )
-from interactive_shard.lifecycle.model import PURPOSE_ORDER, LifecycleModel
+from interactive_shard.ddp.model import PURPOSE_ORDER, LifecycleModel
 from interactive_shard.ui.format import nbytes
 from interactive_shard.ui.text import literal
 

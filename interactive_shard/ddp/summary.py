@@ -4,9 +4,9 @@ without widgets shows; ``ui/fallback.py``)."""
 
 from __future__ import annotations
 
-from interactive_shard.lifecycle._instance import Finding
-from interactive_shard.lifecycle.figures_strip import instance_label
-from interactive_shard.lifecycle.model import LifecycleModel
+from interactive_shard.ddp._instance import Finding
+from interactive_shard.ddp.figures_strip import instance_label
+from interactive_shard.ddp.model import LifecycleModel
 from interactive_shard.ui.format import nbytes
 
 MAX_INSTANCES = 6  # listed one a line; more are counted

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from interactive_shard.lifecycle._iteration_columns import BUFFERS, DELAYED, IterationTable
-from interactive_shard.lifecycle.model import Instance, LifecycleModel
+from interactive_shard.ddp._iteration_columns import BUFFERS, DELAYED, IterationTable
+from interactive_shard.ddp.model import Instance, LifecycleModel
 from interactive_shard.ui.format import nbytes
 from interactive_shard.ui.text import literal
 

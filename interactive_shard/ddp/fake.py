@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from interactive_shard.lifecycle import _checks
-from interactive_shard.lifecycle.events import (
+from interactive_shard.ddp import _checks
+from interactive_shard.ddp.events import (
     Caller,
     Collective,
     Hooks,

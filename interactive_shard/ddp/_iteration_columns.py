@@ -22,7 +22,7 @@ from typing import Annotated, Any, get_args, get_origin
 import msgspec
 import numpy as np
 
-from interactive_shard.lifecycle.events import (
+from interactive_shard.ddp.events import (
     Caller,
     Collective,
     LifecycleCheck,

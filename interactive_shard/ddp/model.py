@@ -29,16 +29,16 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from interactive_shard.lifecycle._instance import SETTINGS as SETTINGS
-from interactive_shard.lifecycle._instance import Finding as Finding
-from interactive_shard.lifecycle._instance import Instance as Instance
-from interactive_shard.lifecycle._instance import Iteration as Iteration
-from interactive_shard.lifecycle._instance import ObservedCollective as ObservedCollective
-from interactive_shard.lifecycle._instance import advice
-from interactive_shard.lifecycle._iteration_columns import PURPOSE_ORDER as PURPOSE_ORDER
-from interactive_shard.lifecycle._iteration_columns import PURPOSES as PURPOSES
-from interactive_shard.lifecycle._iteration_columns import CheckRecord, NamePool, Parts, decode
-from interactive_shard.lifecycle.events import LifecycleCheck, LifecycleIteration, LifecycleWatch
+from interactive_shard.ddp._instance import SETTINGS as SETTINGS
+from interactive_shard.ddp._instance import Finding as Finding
+from interactive_shard.ddp._instance import Instance as Instance
+from interactive_shard.ddp._instance import Iteration as Iteration
+from interactive_shard.ddp._instance import ObservedCollective as ObservedCollective
+from interactive_shard.ddp._instance import advice
+from interactive_shard.ddp._iteration_columns import PURPOSE_ORDER as PURPOSE_ORDER
+from interactive_shard.ddp._iteration_columns import PURPOSES as PURPOSES
+from interactive_shard.ddp._iteration_columns import CheckRecord, NamePool, Parts, decode
+from interactive_shard.ddp.events import LifecycleCheck, LifecycleIteration, LifecycleWatch
 from interactive_shard.telemetry.consume import Budget, Cursor
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from interactive_shard.lifecycle.events import Collective, Hooks, LifecycleWatch
+from interactive_shard.ddp.events import Collective, Hooks, LifecycleWatch
 from interactive_shard.probing.collective_log import CollectiveLog, Record
 from interactive_shard.probing.compat import ddp as compat_ddp
 

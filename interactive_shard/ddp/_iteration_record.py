@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from interactive_shard.lifecycle._instance_watch import collective
-from interactive_shard.lifecycle.events import Collective, LifecycleIteration
+from interactive_shard.ddp._instance_watch import collective
+from interactive_shard.ddp.events import Collective, LifecycleIteration
 from interactive_shard.probing import spy as _spy
 from interactive_shard.probing.collective_log import Record
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from interactive_shard.lifecycle._iteration_columns import PURPOSES, IterationTable, NamePool, Parts
-from interactive_shard.lifecycle.events import Collective, LifecycleIteration, LifecycleWatch
+from interactive_shard.ddp._iteration_columns import PURPOSES, IterationTable, NamePool, Parts
+from interactive_shard.ddp.events import Collective, LifecycleIteration, LifecycleWatch
 from interactive_shard.telemetry.schema import Event
 
 SETTINGS = (

@@ -13,7 +13,8 @@ Algorithm: ``RawEvents`` keeps the events' log positions (a numpy column, as
 (``RunStore.at``) only when it is read. ``index()`` fetches the events not indexed
 yet, oldest first, and reads each payload's ``iteration`` and the event's rank in one
 C-level pass into numpy columns (``iterations``, ``rank_column``).
-``BucketMap`` indexes when asked for something all events decide (the list of
+Indexed rows are filed by (rank, iteration) in the shared index (Note [One iteration
+index]). ``BucketMap`` indexes when asked for something all events decide (the list of
 iterations, the ranks, a superseded rank), and its health check indexes the
 ``ddp_iteration`` events as it reads them (a time budget per refresh). What a live
 view asks for, the newest iteration and its buckets and record, is found by walking
@@ -41,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from interactive_shard.telemetry.iteration_index import IterationIndex, RankIterations, by_rank
 from interactive_shard.telemetry.schema import MAX_WORLD_SIZE, Event
 from interactive_shard.telemetry.store import RunStore
 
@@ -74,6 +76,9 @@ class RawEvents:
         self._ranks = np.empty(256, dtype=np.int64)
         self._alive = np.ones(256, dtype=bool)
         self.ranks: set[int] = set()  # of the indexed events, alive or not
+        # The live indexed rows by (rank, iteration): the shared index (Note [One
+        # iteration index]); a row, once indexed, never moves.
+        self.filed = IterationIndex(RankIterations)
         # Walks assume a rank's iterations never decrease; indexing checks it, and once
         # it found them decreasing, every lookup indexes first.
         self.ordered = True
@@ -137,7 +142,10 @@ class RawEvents:
         self._ranks[start:end] = ranks
         self._alive[start:end] = True
         self.indexed = end
-        self.ranks.update(np.unique(ranks).tolist())
+        rows = np.arange(start, end, dtype=np.int64)
+        for rank, picked in by_rank(ranks):
+            self.ranks.add(rank)
+            self.filed.file(rank, iterations[picked], rows[picked])
         if self.ordered and len(ranks) and not self._in_order(iterations, ranks):
             self.ordered = False
             log.warning(
@@ -167,17 +175,15 @@ class RawEvents:
             self._last[rank] = last
         return ok
 
-    def rows(self, iteration: int, rank: int | None = None) -> list[int]:
-        """The rows of the live indexed events of ``iteration`` (of ``rank``), in order."""
-        hit = self.iterations == iteration
-        if rank is not None:
-            hit &= self.rank_column == rank
-        return list(np.flatnonzero(hit & self.alive).tolist())
+    def rows(self, iteration: int, rank: int) -> list[int]:
+        """The rows of the live indexed events of ``iteration`` on ``rank``, in order."""
+        return self.filed.positions(rank, iteration)
 
     def forget(self, rank: int) -> None:
         """Mark ``rank``'s events superseded (its ``ddp_watch`` came again)."""
         self.index()
         self.alive[self.rank_column == rank] = False
+        self.filed.restart(rank)
         self._last[rank] = 0  # its iterations count from 1 again
 
     def newest(self, ranks: Collection[int]) -> int | None:

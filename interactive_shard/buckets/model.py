@@ -105,8 +105,8 @@ class BucketMap(BucketEvents, ShowsView):
             raw.index()
         state = (self._buckets.indexed, self._records.indexed, self._forgotten)
         if self._iterations[0] != state:
-            alive = [raw.iterations[raw.alive] for raw in self._raw]
-            self._iterations = (state, np.unique(np.concatenate(alive)).tolist())
+            alive = np.union1d(self._buckets.filed.array(), self._records.filed.array())
+            self._iterations = (state, alive.tolist())
         return list(self._iterations[1])
 
     @property
@@ -126,7 +126,7 @@ class BucketMap(BucketEvents, ShowsView):
         self.update()
         known = self.known_ranks
         tops = [raw.newest(known) or 0 for raw in self._raw]
-        tops += [int(raw.iterations[raw.alive].max(initial=0)) for raw in self._raw]
+        tops += [its[-1] if (its := raw.filed.iterations()) else 0 for raw in self._raw]
         return max(tops) or None
 
     @property
@@ -306,8 +306,7 @@ class BucketMap(BucketEvents, ShowsView):
         self, preferred: tuple[int, int]
     ) -> tuple[tuple[int, int], IterationRecord] | None:
         for iteration in preferred:
-            rows = self._records.rows(iteration)
-            for rank in sorted(set(self._records.rank_column[rows].tolist())):
+            for rank in self._records.filed.ranks_with(iteration):
                 record = self.record(iteration, rank)
                 if record is not None:
                     return (iteration, rank), record

@@ -162,12 +162,9 @@ class Instance:
         t = self.table
         index = t.col("index")
         low, high = int(index[start]), int(index[stop - 1])
-        raw = t.raw_index
-        at = np.flatnonzero((raw >= low) & (raw <= high))
-        at = at[np.argsort(raw[at], kind="stable")]
-        records = self._details([t.raw[i] for i in at.tolist()])
+        indices, parts = t.raw_between(low, high)
         by_index: dict[int, list[ObservedCollective]] = {}
-        for i, record in zip(raw[at].tolist(), records, strict=True):
+        for i, record in zip(indices, self._details(parts), strict=True):
             if record is not None:
                 by_index.setdefault(i, []).extend(
                     observed(c, self.rank, i) for c in record.collectives

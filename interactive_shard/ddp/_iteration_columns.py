@@ -28,6 +28,7 @@ from interactive_shard.ddp.events import (
     LifecycleCheck,
     LifecycleIteration,
 )
+from interactive_shard.telemetry.iteration_index import RankIterations
 from interactive_shard.telemetry.schema import Event
 
 # Collective.caller -> the purpose the view and `collectives()` report.
@@ -218,7 +219,7 @@ class IterationTable:
         self._cols["unready"] = _Column(np.int64)
         self.total = np.zeros(len(PURPOSE_ORDER), np.int64)  # bytes sent, by purpose
         self.raw: list[Event] = []  # every part, as it arrived
-        self._raw_index = _Column(np.int64)  # their (shifted) indices
+        self._raw_filed = RankIterations()  # their rows in ``raw`` by (shifted) index
         self.version = 0  # grows with every add
 
     def __len__(self) -> int:
@@ -228,10 +229,11 @@ class IterationTable:
         """A column (``COLUMNS``, ``sent``, ``ready``, ``unready``), one entry per row."""
         return self._cols[name].values
 
-    @property
-    def raw_index(self) -> np.ndarray:
-        """The (shifted) iteration index of each part in ``raw``."""
-        return self._raw_index.values
+    def raw_between(self, first: int, last: int) -> tuple[list[int], list[Event]]:
+        """The parts of iterations ``first`` to ``last`` as they arrived: (their
+        iteration indices, the raw events), by index, then in arrival order."""
+        its, rows = self._raw_filed.between(first, last)
+        return its.tolist(), list(map(self.raw.__getitem__, rows.tolist()))
 
     def row(self, index: int) -> int | None:
         """The row of iteration ``index``, or None."""
@@ -244,8 +246,9 @@ class IterationTable:
         on are merged again: usually none (new iterations) or the last (a later part)."""
         if not len(parts):
             return len(self)
+        rows = np.arange(len(self.raw), len(self.raw) + len(parts.events), dtype=np.int64)
         self.raw.extend(parts.events)
-        self._raw_index.put(self._raw_index.size, parts.cols["index"])
+        self._raw_filed.file(parts.cols["index"], rows)
         self.total += parts.cols["sent"].sum(axis=0)
         keep = int(np.searchsorted(self.col("index"), parts.cols["index"].min()))
         merged = _reduce(_concat(self._as_parts(keep), parts))

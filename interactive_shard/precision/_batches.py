@@ -15,11 +15,12 @@ sends records in the order seen, so a rank's iterations never decrease from reco
 record. An iteration's batches are found by walking from the newest batch back (what
 a live view shows) or from the oldest forward, ``BUDGET`` batches at most; further in,
 the stream hands every batch to its rank's ``Batches`` (one numpy pass over their
-ranks) and a binary search over the rank's spans finds them; ``iterations()`` indexes
-them all. Only then are they decoded, and the iteration's records kept in a small
-cache (``CACHE`` iterations, checked against the batches they came from). A batch
-that does not decode, whose records leave its span, or whose first or last records
-cannot be read is skipped and counted (``skip``) when first met, never before.
+ranks) and a binary search over the rank's spans finds them; ``iterations()`` files
+them all in the shared index (Note [One iteration index]). Only then are they
+decoded, and the iteration's records kept in a small cache (``CACHE`` iterations,
+checked against the batches they came from). A batch that does not decode, whose
+records leave its span, or whose first or last records cannot be read is skipped and
+counted (``skip``) when first met, never before.
 
 Caveats: this relies on a rank's iterations never decreasing from batch to batch
 (the probe counts forwards; watching again starts a new ``Batches`` at the watch's
@@ -46,6 +47,7 @@ from interactive_shard.precision.events import (
     PrecisionCollective,
     PrecisionSeen,
 )
+from interactive_shard.telemetry.iteration_index import RankIterations
 from interactive_shard.telemetry.schema import Event
 
 CACHE = 64  # decoded iterations kept per rank (a view shows one, a report two)
@@ -170,7 +172,7 @@ class Batches:
         self.latest = 0  # the newest batch's last iteration (0: none yet)
         self._skip = skip
         self._spans: list[tuple[int, int] | None] = []  # of own[: len(_spans)]
-        self._at: dict[int, list[Event]] = {}  # iteration -> batches (indexed part)
+        self._filed = RankIterations()  # indices into ``own`` by iteration (indexed part)
         self._bad: set[int] = set()  # ids of the batches found malformed
         self._cache: OrderedDict[int, tuple[int, tuple[int, ...], Iteration]] = OrderedDict()
         self._iterations: tuple[int, list[int]] | None = None  # (size, sorted)
@@ -201,7 +203,7 @@ class Batches:
         """This rank's batches holding records of ``iteration``, in arrival order."""
         size = self.size
         if self._iterations is not None and self._iterations[0] == size:
-            return list(self._at.get(iteration, ()))  # indexed: every iteration was asked for
+            return list(map(self.own.__getitem__, self._filed.positions(iteration)))  # indexed
         hit = self._found.get(iteration)
         if hit is not None and hit[0] == size:
             return hit[1]
@@ -288,12 +290,16 @@ class Batches:
         """Every iteration some batch holds records of, ascending (indexes them all)."""
         if self._iterations is None or self._iterations[0] != self.size:
             self.stream.split_all()
-            for e in self.own[len(self._spans) :]:
-                s = self._span(e)
+            its: list[int] = []
+            rows: list[int] = []
+            for row in range(len(self._spans), len(self.own)):
+                s = self._span(self.own[row])
                 self._spans.append(s)
-                for it in range(s[0], s[1] + 1) if s is not None else ():
-                    self._at.setdefault(it, []).append(e)
-            self._iterations = (self.size, sorted(self._at))
+                if s is not None:  # filed under each iteration of its span (mostly one)
+                    its += range(s[0], s[1] + 1)
+                    rows += [row] * (s[1] - s[0] + 1)
+            self._filed.file(np.array(its, dtype=np.int64), np.array(rows, dtype=np.int64))
+            self._iterations = (self.size, self._filed.iterations())
         return self._iterations[1]
 
     # -- reading an iteration -----------------------------------------------------------------

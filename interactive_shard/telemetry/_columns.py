@@ -40,7 +40,9 @@ class Column:
         self._n = n + count
 
     def replace(self, values: np.ndarray) -> None:
-        """Hold ``values`` instead (a re-sorted index; views taken before keep the old)."""
+        """Hold ``values`` instead (a re-sorted index; views taken before keep the old:
+        it moves to a new array)."""
+        self._data = np.empty(max(len(self._data), len(values)), self._data.dtype)
         self._n = 0
         self.extend(values, len(values))
 

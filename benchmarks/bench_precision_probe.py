@@ -174,10 +174,10 @@ def _timed_round(ctx: Any, steps: int, batch: int, width: int) -> dict[str, Any]
     x = _batch(ctx, batch, width)
     timer, handle = ctx.state["timer"], ctx.state["timed"]
     recorder = handle.probes["precision"]
-    saved = {n: getattr(_probe_common.Recorder, n) for n in ("collective", "begin_forward")}
-    saved["_before_step"] = _probe_common.Recorder._before_step
+    recorder_class = _probe_common.PrecisionRecorder
+    saved = {n: getattr(recorder_class, n) for n in ("collective", "begin_forward", "_before_step")}
     for name, fn in saved.items():
-        setattr(_probe_common.Recorder, name, timer.wrap(fn))
+        setattr(_probe_common.PrecisionRecorder, name, timer.wrap(fn))
     out: dict[str, list[float]] = {"step": [], "own": [], "own_cpu": [], "calls": [], "events": []}
     try:
         for _ in range(steps):
@@ -189,7 +189,7 @@ def _timed_round(ctx: Any, steps: int, batch: int, width: int) -> dict[str, Any]
             out["events"].append(recorder.emitted - events)
     finally:
         for name, fn in saved.items():
-            setattr(_probe_common.Recorder, name, fn)
+            setattr(_probe_common.PrecisionRecorder, name, fn)
     return out
 
 

@@ -108,8 +108,8 @@ from interactive_shard.buckets._probe_state import (
 from interactive_shard.buckets.events import Checksum
 from interactive_shard.probing import collective_log
 from interactive_shard.probing import spy as _spy
+from interactive_shard.probing.attachment import Attachment
 from interactive_shard.probing.compat import autograd as compat_autograd
-from interactive_shard.telemetry.rank import current_run as _current_run
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import GradBucket
@@ -172,8 +172,13 @@ def _probe_comm_hook(probe, bucket):
     return probe._on_bucket(bucket)
 
 
-class Probe:
-    """The bucket probe of one DDP model: counts DDP iterations and can be detached."""
+class Probe(Attachment):
+    """The bucket probe of one DDP model: counts DDP iterations and can be detached
+    (``probing.attachment.Attachment``). ``iteration`` is the DDP iteration seen last,
+    numbered as DDP does (1 = DDP's first backward; from 1 at ``ish.watch`` when DDP's
+    own count is unknown)."""
+
+    kind = "bucket probe"
 
     def __init__(
         self,
@@ -183,6 +188,7 @@ class Probe:
         checksum: Checksum,
         forward_of: nn.Module | None = None,
     ) -> None:
+        super().__init__()
         self.ddp = ddp
         self.checksum: Checksum = checksum
         self._user_hook, self._user_state = user_hook, user_state
@@ -201,57 +207,41 @@ class Probe:
         self.phase = Phase.ARMED  # no forward seen yet: assume one prepared DDP
         # Numbered as DDP numbers them, also when watched late (None: unknown, from 1).
         done = collective_log.iterations_done(ddp)
-        self._iteration = done or 0
+        self.iteration = done or 0
         self._now = Collected()
         self._end = BackwardEnd()
-        # Note step 0: without a user hook, watch DDP's own reductions from a process
-        # group in front of the real one (no comm hook, DDP's numerics and speed).
-        self._spy = _spy.attach(ddp, self._on_launch) if user_hook is None else None
-        if self._spy is None:
-            checks.register_comm_hook(ddp, self, _probe_comm_hook)
-        ddp._ish_probe = self  # type: ignore[assignment]  # a second attach is refused
-        self._grad_handles = [
-            p.register_post_accumulate_grad_hook(self._grad_hook(i))  # type: ignore[no-untyped-call, unused-ignore]
-            for i, p in enumerate(self._params)
-        ]
-        hooked = ddp if forward_of is None else forward_of
-        self._forward_handles = [
-            hooked.register_forward_pre_hook(self._before_forward),
-            hooked.register_forward_hook(self._after_forward),
-        ]
+        with self.installing():
+            self._install(ddp, ddp if forward_of is None else forward_of)
         # A model watched in one cluster.run and trained in the next: describe it again
         # in every run it works in, so each run's bucket map can plan.
         first = None if done is None else done + 1
-        self._watch = data.watch_event(ddp, rows, self.world_size, user_hook, checksum, first)
-        data.emit(self._watch)
-        self._announced_in = _current_run()
+        self.watching(data.watch_event(ddp, rows, self.world_size, user_hook, checksum, first))
 
-    @property
-    def iteration(self) -> int:
-        """The DDP iteration seen last, numbered as DDP does (1 = DDP's first backward;
-        from 1 at ``ish.watch`` when DDP's own count is unknown)."""
-        return self._iteration
+    def _install(self, ddp: DistributedDataParallel, hooked: nn.Module) -> None:
+        # Note step 0: without a user hook, watch DDP's own reductions from a process
+        # group in front of the real one (no comm hook, DDP's numerics and speed).
+        spy = _spy.attach(ddp, self._on_launch) if self._user_hook is None else None
+        if spy is None:  # DDP cannot unregister it: after detach it reduces, unrecorded
+            checks.register_comm_hook(ddp, self, _probe_comm_hook)
+        else:
+            self.undo.append(lambda: _spy.detach(ddp, spy, self._on_launch))
+        ddp._ish_probe = self  # type: ignore[assignment]  # a second attach is refused
+        for i, p in enumerate(self._params):
+            handle = p.register_post_accumulate_grad_hook(self._grad_hook(i))  # type: ignore[no-untyped-call, unused-ignore]
+            if not self._track_views:  # else the built-in scaling still needs it (step 1)
+                self.undo.append(handle.remove)
+        pre = hooked.register_forward_pre_hook(self._before_forward)
+        post = hooked.register_forward_hook(self._after_forward)
+        self.undo += [pre.remove, post.remove]
 
-    @property
-    def attached(self) -> bool:
-        return self.phase is not Phase.DETACHED
+    def describe(self) -> str:
+        return f"{len(self.fqns)} params"
 
     def detach(self) -> None:
         """Stop recording. DDP cannot unregister a comm hook: the probe's stays and keeps
         reducing exactly as before; every other hook is removed."""
         self.phase = Phase.DETACHED
-        if self._spy is not None:
-            _spy.detach(self.ddp, self._spy, self._on_launch)
-        handles, self._forward_handles = self._forward_handles, []
-        if not self._track_views:  # else the built-in scaling still needs them (step 1)
-            handles += self._grad_handles
-            self._grad_handles = []
-        for handle in handles:
-            handle.remove()
-
-    def __repr__(self) -> str:
-        state = "attached" if self.attached else "detached"
-        return f"Probe({len(self.fqns)} params, iteration={self._iteration}, {state})"
+        super().detach()
 
     # -- hot path: forward hooks, gradient hooks, comm hook ---------------------------------
     def _before_forward(self, module: nn.Module, args: Any) -> None:
@@ -294,11 +284,9 @@ class Probe:
     def _begin(self) -> None:
         if self.phase not in BEGUN:
             self.phase = Phase.OPEN
-            self._iteration += 1
-            run = _current_run()
-            if run != self._announced_in:
-                self._announced_in = run
-                data.emit(self._watch)
+            self.iteration += 1
+            if self.new_run():  # watched in one cluster.run, trained in the next
+                self.announce()
         task = _task_id()
         if task != -1:
             self.phase = Phase.QUEUED
@@ -333,7 +321,7 @@ class Probe:
         nbytes = buffer.numel() * buffer.element_size()
         fut, start_t, unwrap = self._reduce(bucket, key)
         seen = data.Reduced(
-            self._iteration, bucket.index(), nbytes, bucket.is_last(), ready_t, start_t, names
+            self.iteration, bucket.index(), nbytes, bucket.is_last(), ready_t, start_t, names
         )
 
         def done(f: Future[Any]) -> Any:
@@ -382,7 +370,7 @@ class Probe:
         """Emit the iteration (Note step 4) and wait for the next forward."""
         now, self._now = self._now, Collected()
         self.phase = Phase.IDLE
-        iteration = self._iteration
+        iteration = self.iteration
         for reduced in now.reduced:
             data.emit(reduced.event())
         if now.launches:

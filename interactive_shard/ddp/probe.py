@@ -62,7 +62,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -132,7 +131,6 @@ class LifecycleProbe(Attachment):
         # Numbered as DDP numbers them, also when watched late (the bucket probe agrees).
         self._done_at_watch = _ring.iterations_done(ddp) or 0
         self.iteration = self._done_at_watch
-        self.emitted = 0
         self.walk_start: float | None = None  # set by _walk during a forward
         self.walk_end: float | None = None
         self._part = Part()
@@ -159,20 +157,19 @@ class LifecycleProbe(Attachment):
         if spy is not None:
             self.undo.append(lambda: _spy.detach(ddp, spy, self._on_launch))
         self.undo.append(register_optimizer_step_post_hook(self._stepped).remove)
-        self._announce()
+        self.announce()
         self._check_hooks()
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def __repr__(self) -> str:
-        state = "attached" if self.attached else "detached"
-        return f"LifecycleProbe(ddp #{self.serial}, iteration={self.iteration}, {state})"
+    def describe(self) -> str:
+        return f"ddp #{self.serial}"
 
     def send(self) -> None:
         """Emit what the open iteration holds so far (nothing before the first)."""
         with self._lock:
             part, self._part = self._part, Part()
         if self.iteration > self._done_at_watch and not part.empty() and self.in_announced_run():
-            self._emit(part.event(self.iteration, self.serial, self.names, self._group))
+            self.emit(part.event(self.iteration, self.serial, self.names, self._group))
 
     # -- forward -----------------------------------------------------------------------------
     def _before_forward(self, _module: Any, _args: Any) -> None:
@@ -186,7 +183,7 @@ class LifecycleProbe(Attachment):
             self._open, self._cb_queued = True, False
             self._got = set()
             if self.new_run():  # watched in one cluster.run, trained in the next
-                self._announce()
+                self.announce()
             if self.rec.generation != self._seen_generation:
                 self._check_hooks()
         if training:
@@ -341,17 +338,13 @@ class LifecycleProbe(Attachment):
             message=message,
         )
         log.warning("lifecycle check %s: %s", check, message)
-        self._emit(event)
+        self.emit(event)
         emitter = telemetry.emitter()
         if emitter is not None:  # out now: the next step may hang
             emitter.flush()
 
-    def _announce(self) -> None:
-        self._emit(watch_event(self.ddp, self.rec, self.serial, self.fqn))
-
-    def _emit(self, event: msgspec.Struct) -> None:
-        self.emitted += 1
-        telemetry.emit(event.KIND, msgspec.to_builtins(event))  # type: ignore[attr-defined]
+    def announce(self) -> None:
+        self.emit(watch_event(self.ddp, self.rec, self.serial, self.fqn))
 
 
 class _Sentinel:

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType, TracebackType
 from typing import Any
 
-import msgspec
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
@@ -33,8 +32,8 @@ from interactive_shard.precision.events import (
 )
 from interactive_shard.probing import in_backward
 from interactive_shard.probing.attachment import Attachment
+from interactive_shard.probing.collectives import FUNCTIONS, Pick
 from interactive_shard.probing.compat import fsdp as compat_fsdp
-from interactive_shard.telemetry import rank as telemetry
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +80,6 @@ def output_dtypes(output: Any) -> list[str]:
     return distinct(t.dtype for t in floating(output))
 
 
-def emit(event: msgspec.Struct) -> None:
-    telemetry.emit(event.KIND, msgspec.to_builtins(event))  # type: ignore[attr-defined]
-
-
 class PrecisionRecorder(Attachment):
     """One watched root on one rank: the iteration count and what was emitted in it.
 
@@ -95,6 +90,7 @@ class PrecisionRecorder(Attachment):
     """
 
     kind = "precision probe"
+    title = "PrecisionProbe"
 
     wrapper: str = ""
 
@@ -111,38 +107,26 @@ class PrecisionRecorder(Attachment):
         self.module_fqn = module_fqn
         self.module_unit = module_unit
         super().__init__()
-        self.emitted = 0  # events; records travel in batches (Note [Precision probe])
-        self.recorded = 0
+        self.recorded = 0  # records (they travel in batches: Note [Precision probe])
         self._seen: dict[tuple[str, str], tuple[int, list[str]]] = {}
         self._held: list[PrecisionSeen] = []
         self._held_collectives: list[PrecisionCollective] = []
         self._hold_lock = threading.Lock()  # autograd hooks may run on other threads
-        self._watch = PrecisionWatch(
-            wrapper=self.wrapper,  # type: ignore[arg-type]
-            world_size=world_size,
-            units=units,
-            reduce_rule=compat_fsdp.reduce_dtype_rule(),
+        self.watching(
+            PrecisionWatch(
+                wrapper=self.wrapper,  # type: ignore[arg-type]
+                world_size=world_size,
+                units=units,
+                reduce_rule=compat_fsdp.reduce_dtype_rule(),
+            )
         )
-        self._emit(self._watch)
         self._optimizers: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, list[Any]]]] = (
             weakref.WeakKeyDictionary()
         )
         self.undo.append(_stepping(self))
 
-    # -- lifecycle ---------------------------------------------------------------------------
-    def __repr__(self) -> str:
-        state = "attached" if self.attached else "detached"
-        return (
-            f"PrecisionProbe({self.wrapper}, {len(self.units)} units, "
-            f"iteration={self.iteration}, {state})"
-        )
-
-    def begin_forward(self) -> None:
-        """A forward of the watched root (not one recomputed in backward) began."""
-        self.begin_iteration()
-
-    def announce(self) -> None:
-        self._emit(self._watch)
+    def describe(self) -> str:
+        return f"{self.wrapper}, {len(self.units)} units"
 
     # -- recording ---------------------------------------------------------------------------
     def seen(
@@ -210,7 +194,7 @@ class PrecisionRecorder(Attachment):
             collectives, self._held_collectives = self._held_collectives, []
         if seen or collectives:
             self.recorded += len(seen) + len(collectives)
-            self._emit(PrecisionBatch(seen=seen, collectives=collectives))
+            self.emit(PrecisionBatch(seen=seen, collectives=collectives))
 
     def inputs(self, unit: str, before: list[torch.Tensor], after: list[torch.Tensor]) -> None:
         """The input phase from the floating inputs before and after the unit's cast."""
@@ -221,10 +205,6 @@ class PrecisionRecorder(Attachment):
             [str(t.dtype) for t in before],
             [a is not b for a, b in zip(before, after, strict=False)],
         )
-
-    def _emit(self, event: msgspec.Struct) -> None:
-        self.emitted += 1
-        emit(event)
 
     # -- the optimizer step ------------------------------------------------------------------
     def unit_params(self) -> dict[int, str]:
@@ -270,7 +250,7 @@ class PrecisionRecorder(Attachment):
         if len(message) > MAX_MESSAGE_CHARS:
             message = message[: MAX_MESSAGE_CHARS - 3] + "..."
         self.send()
-        self._emit(
+        self.emit(
             PrecisionFailure(
                 iteration=max(self.iteration, 1),
                 unit=self.module_unit.get(id(unit), ""),
@@ -340,23 +320,17 @@ class Scope(threading.local):
 SCOPE = Scope()
 
 
-def _sent(position: int, *names: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
-    def pick(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if len(args) > position:
-            return args[position]
-        return next((kwargs[n] for n in names if n in kwargs), None)
-
-    return pick
-
-
 # torch.distributed function -> (op, which argument is the buffer this rank sends).
-COLLECTIVES: dict[str, tuple[str, Callable[[tuple[Any, ...], dict[str, Any]], Any]]] = {
-    "all_gather": ("all_gather", _sent(1, "tensor")),
-    "all_gather_into_tensor": ("all_gather", _sent(1, "input_tensor")),
-    "all_gather_single": ("all_gather", _sent(1, "input_tensor")),
-    "reduce_scatter_tensor": ("reduce_scatter", _sent(1, "input")),
-    "reduce_scatter_single": ("reduce_scatter", _sent(1, "input")),
-    "all_reduce": ("all_reduce", _sent(0, "tensor")),
+COLLECTIVES: dict[str, tuple[str, Pick]] = {
+    name: FUNCTIONS[name][:2]
+    for name in (
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_single",
+        "reduce_scatter_tensor",
+        "reduce_scatter_single",
+        "all_reduce",
+    )
 }
 
 
@@ -376,9 +350,7 @@ class DistProxy:
         return getattr(self._real, name)
 
 
-def _spying(
-    real: ModuleType, name: str, op: str, pick: Callable[[tuple[Any, ...], dict[str, Any]], Any]
-) -> Callable[..., Any]:
+def _spying(real: ModuleType, name: str, op: str, pick: Pick) -> Callable[..., Any]:
     """Looked up at call time: another probe's wrapper of ``dist.<name>`` (the timeline's)
     installed after this one still runs."""
 

@@ -68,11 +68,8 @@ class DdpRecorder(PrecisionRecorder):
         super().__init__(ddp, [unit], module_fqn, module_unit, ddp.process_group.size())
         self.ddp = ddp
         self._pending: list[torch.Tensor] | None = None
-        try:
+        with self.installing():
             self._install(ddp)
-        except BaseException:
-            self.detach()
-            raise
 
     def _install(self, ddp: DistributedDataParallel) -> None:
         undo = self.undo

@@ -86,11 +86,8 @@ class Fsdp1Recorder(PrecisionRecorder):
         module_unit = common.innermost_units(root, fqns, clean)
         super().__init__(root, units, module_fqn, module_unit, root.world_size)
         self._pending: dict[str, list[Any]] = {}
-        try:
+        with self.installing():
             self._install(root)
-        except BaseException:
-            self.detach()
-            raise
 
     @staticmethod
     def _unit(fqn: str, wrapper: Any, fqns: set[str]) -> Unit:

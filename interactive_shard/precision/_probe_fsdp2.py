@@ -87,11 +87,8 @@ class Fsdp2Recorder(PrecisionRecorder):
         super().__init__(root, units, module_fqn, module_unit, world)
         self._output_before: dict[str, list[str]] = {}
         self._input_before: dict[str, list[torch.Tensor]] = {}
-        try:
+        with self.installing():
             self._install(root)
-        except BaseException:
-            self.detach()
-            raise
 
     @staticmethod
     def _unit(fqn: str, state: Any, module_fqn: dict[int, str], fqns: set[str]) -> Unit:

@@ -1,17 +1,23 @@
 """What a probe installed on one model, and how it comes off: one base for every probe.
 
-Every probe's handle (``PrecisionRecorder``, ``SpanRecorder``, ``LifecycleProbe``) is an
-``Attachment``: it is ``attached`` until ``detach()``; the hooks and patches it installs
-leave an undo callable each (``undo``, a list of callables run newest first); an
+Every probe's handle (``PrecisionRecorder``, ``SpanRecorder``, ``LifecycleProbe``, the
+buckets' ``Probe``) is an ``Attachment``: it is ``attached`` until ``detach()``; the hooks
+and patches it installs leave an undo callable each (``undo``, a list of callables run
+newest first; ``installing()`` runs them at once when installing fails half way); an
 explicit flush (``ctx.flush()``, a run's end) calls its ``send`` so that what it holds
-goes out; and a model watched in one ``cluster.run`` and trained in the next announces
-itself again (``new_run()``), since each run's store is its own.
+goes out; its events go out through ``emit`` (counted in ``emitted``); and a model
+watched in one ``cluster.run`` and trained in the next announces itself again
+(``watching(event)`` names the watch event, ``new_run()`` / ``announce()`` send it
+again), since each run's store is its own.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import msgspec
 
 from interactive_shard.probing import in_backward
 from interactive_shard.telemetry import rank as telemetry
@@ -24,19 +30,49 @@ class Attachment:
     """Base of a probe's handle on one model (see the module docstring)."""
 
     kind = "probe"  # in the log line of an undo that failed
+    title = ""  # the name its repr shows (default: the class's)
 
     def __init__(self) -> None:
-        self.iteration = 0  # forwards of the watched model (numbered from 1)
+        self.iteration = 0  # iterations of the watched model (numbered from 1)
         self.attached = True
+        self.emitted = 0  # events sent through ``emit``
+        self.watched: msgspec.Struct | None = None  # the watch event (``watching``)
         self.undo: list[Callable[[], object]] = [telemetry.before_flush(self.send)]
         self.announced_in = current_run()
+
+    def __repr__(self) -> str:
+        state = "attached" if self.attached else "detached"
+        what = self.describe()
+        return (
+            f"{self.title or type(self).__name__}({what}{', ' if what else ''}"
+            f"iteration={self.iteration}, {state})"
+        )
+
+    def describe(self) -> str:
+        """What is watched, in a few words, for the repr (``"6 params"``)."""
+        return ""
+
+    # -- events ------------------------------------------------------------------------------
+    def emit(self, event: msgspec.Struct, step: int | None = None) -> None:
+        """Send one event now (a no-op when the rank is not connected)."""
+        self.emitted += 1
+        telemetry.emit(event.KIND, msgspec.to_builtins(event), step)  # type: ignore[attr-defined]
 
     def send(self) -> None:
         """Send what the probe holds (an explicit flush, a detach); nothing by default."""
 
+    def watching(self, event: msgspec.Struct) -> None:
+        """Say what is watched: send its watch ``event`` now and ``announce`` it again in
+        every later ``cluster.run`` the model works in."""
+        self.watched = event
+        self.emit(event)
+
     def announce(self) -> None:
         """Say what is watched (its watch event) in a run that has not heard it."""
+        if self.watched is not None:
+            self.emit(self.watched)
 
+    # -- iterations --------------------------------------------------------------------------
     def begin_iteration(self) -> bool:
         """A forward of the watched model began: send what the last iteration held, count
         this one, announce again in a new ``cluster.run``. False (nothing done) when
@@ -48,6 +84,11 @@ class Attachment:
         if self.new_run():  # watched in one cluster.run, trained in the next
             self.announce()
         return True
+
+    def begin_forward(self) -> None:
+        """A forward of the watched model began: ``begin_iteration`` for a forward
+        pre-hook, which must return None (a value would replace the forward's arguments)."""
+        self.begin_iteration()
 
     def new_run(self) -> bool:
         """Whether a ``cluster.run`` began since the probe last announced itself (it then
@@ -62,16 +103,31 @@ class Attachment:
         """Whether the current ``cluster.run`` is the one the probe announced itself in."""
         return self.announced_in == current_run()
 
+    # -- attach and detach -------------------------------------------------------------------
+    @contextmanager
+    def installing(self) -> Iterator[None]:
+        """Around the code that installs the probe's hooks and patches (each one appends
+        its undo to ``undo``): if it raises, what it installed comes off again (``detach``)
+        before the error goes on."""
+        try:
+            yield
+        except BaseException:
+            self.detach()
+            raise
+
     def detach(self) -> None:
         """Send what is held, then remove every hook and patch, newest first (one that
         fails is logged, the others still go): the model trains on exactly as before."""
         if not self.attached:
             return
-        self.send()
+        try:
+            self.send()
+        except Exception:  # pragma: no cover - a probe bug: what it installed still goes
+            log.exception("%s: sending what it held failed", self.kind)
         self.attached = False
         undo, self.undo = self.undo, []
         for fn in reversed(undo):
             try:
                 fn()
-            except Exception:  # pragma: no cover
+            except Exception:  # one step failing must not leave the others on
                 log.exception("%s: undoing %s failed", self.kind, fn)

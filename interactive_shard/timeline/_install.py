@@ -95,7 +95,7 @@ def install(model: nn.Module, depth: int | None) -> SpanRecorder:
     rec.params = {id(p) for p in params}
     if params and params[0].device.type == "cuda":
         rec.use_cuda_events(params[0].device)
-    try:
+    with rec.installing():
         _root(rec, model, compiled=target == "compiled")
         for name, m in modules:
             if getattr(m, "_compiled_call_impl", None) is not None:
@@ -110,9 +110,6 @@ def install(model: nn.Module, depth: int | None) -> SpanRecorder:
             _ddp_hooks(rec, ddp)
         rec.undo.append(_listen(rec))
         rec.undo.append(_stepping(rec))
-    except BaseException:
-        rec.detach()
-        raise
     return rec
 
 
@@ -123,7 +120,7 @@ def _root(rec: SpanRecorder, model: nn.Module, *, compiled: bool) -> None:
     def pre(m: nn.Module, args: Any, kwargs: Any) -> None:
         if in_backward():
             return
-        rec.begin_forward()
+        rec.begin_iteration()
         starts.append((rec.stamp(), _graph.boundary(args, kwargs), rec.iteration))
 
     def post(m: nn.Module, args: Any, output: Any) -> None:

@@ -14,12 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import torch
 
 from interactive_shard.probing import in_backward
 from interactive_shard.probing.attachment import Attachment
-from interactive_shard.telemetry import rank as telemetry
 from interactive_shard.timeline.events import Span, TimelineSpans, TimelineWatch
 
 log = logging.getLogger(__name__)
@@ -57,11 +55,11 @@ class SpanRecorder(Attachment):
     their undo callables to ``undo`` (``probing.attachment.Attachment``)."""
 
     kind = "timeline probe"
+    title = "TimelineProbe"
 
     def __init__(self, target: str, depth: int | None, modules: list[str]) -> None:
         self.target = target
         super().__init__()
-        self.emitted = 0  # events sent (batches and the watch)
         self.recorded = 0  # spans sent
         self._done: list[tuple[int, Span]] = []
         self._open: list[_Open] = []
@@ -80,23 +78,17 @@ class SpanRecorder(Attachment):
         )
         self.params: set[int] = set()  # ids of the watched parameters (set by _install)
         self.closed = False  # the iteration's optimizer step is over (Note, step 6)
-        self._emit(self._watch)
+        self.watching(self._watch)
 
-    def __repr__(self) -> str:
-        state = "attached" if self.attached else "detached"
-        return (
-            f"TimelineProbe({self.target}, {len(self._watch.modules)} modules, "
-            f"iteration={self.iteration}, {state})"
-        )
+    def describe(self) -> str:
+        return f"{self.target}, {len(self._watch.modules)} modules"
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def begin_forward(self) -> None:
-        """A forward of the watched model (not one recomputed in backward) began."""
-        if self.begin_iteration():
-            self.closed = False
-
-    def announce(self) -> None:
-        self._emit(self._watch)
+    def begin_iteration(self) -> bool:
+        if not super().begin_iteration():
+            return False
+        self.closed = False  # a new iteration's optimizer step is still to come
+        return True
 
     def current(self) -> bool:
         """Whether process-wide things (collectives) are this model's: its iteration is
@@ -214,8 +206,4 @@ class SpanRecorder(Attachment):
             self.recorded += len(spans)
             # step = the iteration: the kernel files a batch by the event alone, without
             # reading its payload (100k batches: a third of a refresh's budget).
-            self._emit(TimelineSpans(iteration=it, spans=spans), step=it)
-
-    def _emit(self, event: msgspec.Struct, step: int | None = None) -> None:
-        self.emitted += 1
-        telemetry.emit(event.KIND, msgspec.to_builtins(event), step)  # type: ignore[attr-defined]
+            self.emit(TimelineSpans(iteration=it, spans=spans), step=it)

@@ -27,7 +27,7 @@ class StandInEvent:
 def recorder() -> tuple[SpanRecorder, list[Any]]:
     rec = SpanRecorder("module", None, ["a"])
     sent: list[Any] = []
-    rec._emit = lambda event, step=None: sent.append(event)  # type: ignore[method-assign]
+    rec.emit = lambda event, step=None: sent.append(event)  # type: ignore[method-assign]
     rec.iteration = 1
     return rec, sent
 

@@ -1,24 +1,13 @@
-"""BucketMapView: the bucket map widget (iteration, rank, what-if cap, health, figures).
-
-Thin: all state worth testing lives in ``BucketMap`` and in the pure figures of
-``figures.py`` / ``figures_timeline.py``; this file wires widgets to them. Every redraw
-builds the figures' dicts from the model as it is now and sets, inside
-``batch_update()``, only what differs from what the FigureWidgets show (``_redraw.py``);
-``ui.live`` calls ``refresh()`` at most 10 times a second while ranks run.
-
-A run may have 10,000 iterations: the iteration selector is a bounded number box (0
-follows the latest), not a list of every iteration, and the health list groups a
-finding repeated over iterations into one line with its span.
-"""
+"""BucketMapView: the bucket map widget (iteration, rank, what-if cap, health, figures), on
+``ui.view_base``. A run may have 10,000 iterations: the health list groups a finding
+repeated over iterations into one line with its span."""
 
 from __future__ import annotations
 
 import html
-import math
 from typing import Any
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from interactive_shard.buckets.analysis import grouped, span
 from interactive_shard.buckets.figures import bucket_map_spec, figure_bucket_map
@@ -29,17 +18,8 @@ from interactive_shard.buckets.figures_timeline import (
     report_figures,
 )
 from interactive_shard.buckets.model import BucketMap
-from interactive_shard.ui import live
-from interactive_shard.ui.controls import (
-    CAP_STEP,
-    LATEST,
-    clamp_log2,
-    log2_grid,
-    rank_options,
-    rank_selector,
-    shown_rank,
-)
-from interactive_shard.ui.redraw import Redrawn
+from interactive_shard.ui import controls, live
+from interactive_shard.ui.view_base import LATEST, PanelView
 
 __all__ = [
     "BucketMapView",
@@ -57,10 +37,10 @@ MAX_FINDINGS = 20  # listed in the widget; all are in BucketMap.health
 HEALTH_BUDGET_S = 0.005
 
 
-class BucketMapView(live.LazyWidget):
+class BucketMapView(PanelView[BucketMap]):
     """Live view of a ``BucketMap``; ``widget`` is built on first use.
 
-    State first: ``iteration`` (None follows the latest), ``rank`` and the what-if
+    State first: ``iteration`` (``LATEST`` follows the latest), ``rank`` and the what-if
     ``cap_mb`` (None: the recorded DDP settings) can be given here, before any widget
     exists. Once ``widget`` is built, the controls hold that state: set
     ``iteration_selector.value`` (an iteration, or 0 for the latest),
@@ -73,20 +53,14 @@ class BucketMapView(live.LazyWidget):
         self,
         bucket_map: BucketMap,
         *,
-        iteration: int | None = None,
+        iteration: int = LATEST,
         rank: int | None = None,
         cap_mb: float | None = None,
     ) -> None:
-        self.model = bucket_map
-        self.chosen_iteration = iteration or LATEST
-        self.chosen_rank = rank
+        super().__init__(bucket_map, rank, iteration)
         self.cap_mb = cap_mb
-        self._widget: widgets.VBox | None = None
-        self._drawn: tuple[Any, ...] | None = None
-        self._health_drawn: tuple[int, bool] | None = None  # (health_revision, complete)
         self._catching_up = False  # a poller finishes the health check after a burst
         self._checked_at = -1  # the model revision the health check last went on at
-        self._quiet = False  # set while the view itself moves a control
 
     # -- state (no widgets) ----------------------------------------------------------------
     @property
@@ -95,12 +69,14 @@ class BucketMapView(live.LazyWidget):
         return self.chosen_iteration if self.chosen_iteration != LATEST else self.model.newest
 
     @property
-    def rank(self) -> int:
-        return shown_rank(self.chosen_rank, self.model.known_ranks)
-
-    @property
     def what_if(self) -> dict[str, Any]:
         return {} if self.cap_mb is None else {"bucket_cap_mb": self.cap_mb}
+
+    def _ranks(self) -> list[int]:
+        return self.model.known_ranks  # without indexing every bucket event
+
+    def _newest(self) -> int | None:
+        return self.model.newest
 
     def _iteration_note(self) -> str:
         """What the number box can show: 0 = the latest, and where the buckets change."""
@@ -115,9 +91,6 @@ class BucketMapView(live.LazyWidget):
         if rebuilt_from is not None:
             marks.append(f"{rebuilt_from}: rebuilt")
         return f"0 = latest ({latest:,}) · {' · '.join(marks)}"
-
-    def _rank_options(self) -> list[tuple[str, int]]:
-        return rank_options(self.model.known_ranks, self.rank)
 
     def _status(self) -> str:
         info = self.model.info
@@ -158,124 +131,62 @@ class BucketMapView(live.LazyWidget):
         return f"<b>Health: {len(findings)} finding(s)</b>{progress}<ul>{''.join(items)}{tail}</ul>"
 
     # -- widgets ---------------------------------------------------------------------------
-    def _build(self) -> None:
-        self.model.update()
+    def _panels(self) -> list[Any]:
         recorded = self._recorded_cap()
-        low, high = log2_grid(recorded, CAP_LOG2)
-        # A number box, not a Dropdown: 10,000 options are slow to send and to scroll.
-        self.iteration_selector = widgets.BoundedIntText(
-            description="iteration",
-            min=LATEST,
-            max=self._iteration_max(),
-            value=self.chosen_iteration,
-            layout={"width": "190px"},
-        )
-        self.iteration_note = widgets.HTML(self._iteration_note())
-        self.rank_selector = rank_selector(self.model.known_ranks, self.rank)
-        self.cap_slider = widgets.FloatLogSlider(
-            value=clamp_log2(self.cap_mb, CAP_LOG2) if self.cap_mb is not None else recorded,
-            base=2,
-            min=low,
-            max=high,
-            step=CAP_STEP,
-            readout_format=".3g",
-            description="what-if cap (MiB)",
-            style={"description_width": "initial"},
-            layout={"width": "420px"},
+        given = self.cap_mb if self.cap_mb is not None else recorded
+        self.cap_slider = controls.cap_slider(
+            "what-if cap (MiB)", given, recorded, CAP_LOG2, "420px"
         )
         self.reset_button = widgets.Button(description="recorded settings", icon="undo")
-        self.status_html = widgets.HTML()
         self.health_html = widgets.HTML()
-        self.map_figure = go.FigureWidget()
-        self.timeline_figure = go.FigureWidget()
-        self._map = Redrawn(self.map_figure)
-        self._timeline = Redrawn(self.timeline_figure)
-        self.iteration_selector.observe(self._on_control, names="value")
-        self.rank_selector.observe(self._on_control, names="value")
+        selectors = widgets.HBox([self._rank_selector(), *self._iteration_box("190px")])
+        self.map_figure = self._figure("map")
+        self.timeline_figure = self._figure("timeline")
+        self._observe(self.iteration_selector, self.rank_selector)
         self.cap_slider.observe(self._on_cap, names="value")
         self.reset_button.on_click(self._on_reset)
-        controls = widgets.HBox([self.iteration_selector, self.iteration_note, self.rank_selector])
         what_if = widgets.HBox([self.cap_slider, self.reset_button])
-        self._widget = widgets.VBox(
-            [
-                self.status_html,
-                controls,
-                what_if,
-                self.map_figure,
-                self.timeline_figure,
-                self.health_html,
-            ]
-        )
-        self.refresh()
-
-    def _on_control(self, _change: dict[str, Any]) -> None:
-        if not self._quiet:
-            self.chosen_iteration = self.iteration_selector.value
-            self.chosen_rank = self.rank_selector.value
-            self.refresh()
+        return [selectors, what_if, self.map_figure, self.timeline_figure, self.health_html]
 
     def _on_cap(self, change: dict[str, Any]) -> None:
-        if self._quiet:
-            return
+        shown = self.cap_mb if self.cap_mb is not None else self._recorded_cap()
         new = float(change["new"])
-        shown = (
-            clamp_log2(self.cap_mb, CAP_LOG2) if self.cap_mb is not None else self._recorded_cap()
-        )
-        # A browser snaps the value to the slider's grid and sends it back: a move within
-        # half a step is that snap, not the user's choice (it would turn the what-if on).
-        if abs(math.log2(new) - math.log2(shown)) < CAP_STEP / 2:
-            return
-        self.cap_mb = new
-        self.refresh()
+        if not self._quiet and not controls.snapped(new, controls.clamp_log2(shown, CAP_LOG2)):
+            self.cap_mb = new
+            self.refresh()
 
     def _recorded_cap(self) -> float:
         info = self.model.info
-        return clamp_log2(info.cap_mb if info is not None else 25.0, CAP_LOG2)
+        return controls.clamp_log2(info.cap_mb if info is not None else 25.0, CAP_LOG2)
 
     def _on_reset(self, _button: widgets.Button | None = None) -> None:
         self.cap_mb = None
-        self._quiet = True
-        try:
+        with self._quietly():
             self.cap_slider.value = self._recorded_cap()
-        finally:
-            self._quiet = False
         self.refresh()
 
-    def _iteration_max(self) -> int:
-        return max(self.model.newest or 0, self.chosen_iteration)
-
-    def refresh(self) -> None:
-        """Bring controls and figures up to date with the model (cheap when nothing changed)."""
-        if self._widget is None:
-            return
-        self.model.update()
+    def _redraw(self) -> None:
         if self._checked_at != self.model.revision:  # new events: some health work now
             self._checked_at = self.model.revision
             self.model.check_health(HEALTH_BUDGET_S)
         done, total = self.model.health_checked
         complete = done == total  # else a poller goes on between ticks (_health_done)
-        health = (self.model.health_revision, complete)
-        if health != self._health_drawn:
-            self._health_drawn = health
+        if self._changed("health", (self.model.health_revision, complete)):
             self.health_html.value = self._health(complete)
         if not complete and not self._catching_up:  # a burst: finish it between ticks
             self._catching_up = True
             live.keep_polling(self._health_done)
         iteration = self.iteration
-        key = (self.model.revision, iteration, self.rank)
-        if (*key, self.cap_mb) == self._drawn:
+        data = (self.model.revision, iteration, self.rank)
+        if not self._changed("map", (*data, self.cap_mb)):
             return
-        data_changed = self._drawn is None or key != self._drawn[:3]
-        self._drawn = (*key, self.cap_mb)
-        if data_changed:  # new iterations and ranks appear while the run goes on
-            self._update_controls()
         self.status_html.value = self._status()
         if iteration is None:
-            self._map.draw(([], {"title": {"text": "No bucket data yet"}}))
+            self._draw("map", ([], {"title": {"text": "No bucket data yet"}}))
             return
-        self._map.draw(bucket_map_spec(self.model, iteration, self.rank, what_if=self.what_if))
-        if data_changed:  # the timeline does not depend on the what-if cap
-            self._timeline.draw(bucket_timeline_spec(self.model, iteration, self.rank))
+        self._draw("map", bucket_map_spec(self.model, iteration, self.rank, what_if=self.what_if))
+        if self._changed("timeline", data):  # the timeline does not depend on the what-if cap
+            self._draw("timeline", bucket_timeline_spec(self.model, iteration, self.rank))
 
     def _health_done(self) -> bool:
         """The poller's question, asked between ticks until it says True: one more
@@ -283,19 +194,3 @@ class BucketMapView(live.LazyWidget):
         done = self.closed or self.model.check_health(HEALTH_BUDGET_S)
         self._catching_up = not done
         return done
-
-    def _update_controls(self) -> None:
-        self._quiet = True
-        try:
-            top = self._iteration_max()
-            if self.iteration_selector.max != top:
-                self.iteration_selector.max = top
-            note = self._iteration_note()
-            if self.iteration_note.value != note:
-                self.iteration_note.value = note
-            ranks = self._rank_options()
-            if ranks != list(self.rank_selector.options):
-                self.rank_selector.options = ranks
-                self.rank_selector.value = self.rank
-        finally:
-            self._quiet = False

@@ -1,26 +1,19 @@
 """LifecycleView: the DDP lifecycle widget (instance, rank, settings, lifecycle strip,
-hooks per parameter, bytes by purpose, findings with their fixes).
+hooks per parameter, bytes by purpose, findings with their fixes), on ``ui.view_base``.
 
-Thin: the state worth testing lives in ``LifecycleModel`` and in the pure figures of
-``figures.py``; this file wires widgets to them. A long run's strip shares columns
-between iterations (``figures.MAX_COLUMNS``); the ``window_selector`` slider, shown
-then, zooms in on a range of iterations. Every redraw builds a figure from the
-model as it is now and swaps it into its FigureWidget inside ``batch_update()``;
-``ui.live`` calls ``refresh()`` at most 10 times a second while ranks run, and a panel
-is redrawn only when what it shows changed (the model's ``revision``, or a control).
-A refresh with new events summarises them for ``REFRESH_BUDGET_S`` (``model.budget``);
-what is left a poller summarises between ticks, ``POLL_BUDGET_S`` at a time, and the
-status line and strip title say how many events are still to be read.
+A long run's strip shares columns between iterations (``figures.MAX_COLUMNS``); the
+``window_selector`` slider, shown then, zooms in on a range of iterations. A refresh
+with new events summarises them for ``REFRESH_BUDGET_S`` (``model.budget``); what is
+left a poller summarises between ticks, ``POLL_BUDGET_S`` at a time, and the status
+line and strip title say how many events are still to be read.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from interactive_shard.ddp.figures import (
     MAX_COLUMNS,
@@ -38,19 +31,12 @@ from interactive_shard.ddp.figures import (
 )
 from interactive_shard.ddp.model import Finding, Instance, LifecycleModel
 from interactive_shard.ui import live
-from interactive_shard.ui.controls import (
-    Panels,
-    heading,
-    rank_options,
-    rank_selector,
-    shown_rank,
-    swap_figure,
-)
 from interactive_shard.ui.format import nbytes
+from interactive_shard.ui.redraw import Spec, retitled
+from interactive_shard.ui.view_base import LATEST, PanelView, Selection, heading, selector
 
 __all__ = ["LifecycleView", "report_figures"]
 
-NEWEST = 0  # instance selector value that follows the newest instance (serials are >= 1)
 # Seconds of summarising per refresh with new events, and per poll between ticks (a
 # refresh also draws; 100k new events take a few polls, a tick redraws after each).
 REFRESH_BUDGET_S, POLL_BUDGET_S = 0.02, 0.05
@@ -62,7 +48,7 @@ WAITING = (
 )
 
 
-class LifecycleView(Panels, live.LazyWidget):
+class LifecycleView(PanelView[LifecycleModel]):
     """Live view of a ``LifecycleModel`` (``run.ddp``); ``widget`` is built on first use.
 
     State first, settable before any widget exists: ``rank`` (None: the lowest),
@@ -81,20 +67,12 @@ class LifecycleView(Panels, live.LazyWidget):
         rank: int | None = None,
         window: tuple[int, int] | None = None,
     ) -> None:
-        self.model = model
-        self.chosen_ddp = ddp or NEWEST
-        self.chosen_rank = rank
+        super().__init__(model, rank)
+        self.chosen_ddp = ddp or LATEST  # instances are numbered (serials) from 1
         self.chosen_window = window
-        self._widget: widgets.VBox | None = None
-        self._drawn: dict[str, Any] = {}
-        self._quiet = False  # set while the view itself moves a control
         self._catch_up = live.CatchUp(self, REFRESH_BUDGET_S, POLL_BUDGET_S)
 
     # -- state (no widgets) ----------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return shown_rank(self.chosen_rank, self.model.ranks)
-
     @property
     def instance(self) -> Instance | None:
         """The instance shown (None: none watched on this rank yet)."""
@@ -175,15 +153,8 @@ class LifecycleView(Panels, live.LazyWidget):
         return " · ".join(parts)
 
     # -- widgets ---------------------------------------------------------------------------
-    def _build(self) -> None:
-        self.model.update()
-        self.ddp_selector = widgets.Dropdown(
-            description="DDP",
-            options=self._ddp_options(),
-            value=self.chosen_ddp,
-            layout={"width": "420px"},
-        )
-        self.rank_selector = rank_selector(self.model.ranks, self.rank)
+    def _panels(self) -> list[Any]:
+        self.ddp_selector = selector("DDP", self._ddp_options(), self.chosen_ddp, "420px")
         low, high = self._span()
         self.window_selector = widgets.IntRangeSlider(
             description="iterations",
@@ -193,14 +164,13 @@ class LifecycleView(Panels, live.LazyWidget):
             continuous_update=False,
             layout={"width": "600px"},
         )
-        self.status_html = widgets.HTML()
+        selectors = widgets.HBox([self.ddp_selector, self._rank_selector()])
+        self._observe(self.ddp_selector, self.rank_selector, self.window_selector)
         self.settings_html = widgets.HTML()
         self.findings_html = widgets.HTML()
-        self.lifecycle_figure = go.FigureWidget()
-        self.hooks_figure = go.FigureWidget()
-        self.bytes_figure = go.FigureWidget()
-        for control in (self.ddp_selector, self.rank_selector, self.window_selector):
-            control.observe(self._on_control, names="value")
+        self.lifecycle_figure = self._figure("lifecycle")
+        self.hooks_figure = self._figure("hooks")
+        self.bytes_figure = self._figure("bytes")
         self.details = widgets.VBox(
             [
                 self.settings_html,
@@ -213,44 +183,31 @@ class LifecycleView(Panels, live.LazyWidget):
                 self.bytes_figure,
             ]
         )
-        self._widget = widgets.VBox(
-            [self.status_html, widgets.HBox([self.ddp_selector, self.rank_selector]), self.details]
-        )
-        self.refresh()
+        return [selectors, self.details]
 
     def _ddp_options(self) -> list[tuple[str, int]]:
         insts = self.model.instances_of(self.rank)
         newest = f"newest ({instance_label(insts[-1])})" if insts else "newest"
-        chosen = {self.chosen_ddp} - {NEWEST} - {i.serial for i in insts}
+        chosen = {self.chosen_ddp} - {LATEST} - {i.serial for i in insts}
         return (
-            [(newest, NEWEST)]
+            [(newest, LATEST)]
             + [(instance_label(i), i.serial) for i in insts]
             + [(f"DDP #{s} · not on this rank", s) for s in sorted(chosen)]
         )
 
-    def _rank_options(self) -> list[tuple[str, int]]:
-        return rank_options(self.model.ranks, self.rank)
-
-    def _on_control(self, _change: dict[str, Any]) -> None:
-        if self._quiet:
-            return
+    def _read_controls(self) -> None:
+        super()._read_controls()
         self.chosen_ddp = self.ddp_selector.value
-        self.chosen_rank = self.rank_selector.value
         window = tuple(self.window_selector.value)
         whole = window == (self.window_selector.min, self.window_selector.max)
         self.chosen_window = None if whole else (int(window[0]), int(window[1]))
-        self.refresh()
 
     def refresh(self) -> None:
-        """Bring controls and panels up to date (cheap when nothing changed)."""
-        if self._widget is None:
-            return
-        with self._catch_up(self.model):  # new events: some summarising now (a budget)
-            self._refresh()
+        if self._widget is not None:
+            with self._catch_up(self.model):  # new events: some summarising now (a budget)
+                super().refresh()
 
-    def _refresh(self) -> None:
-        self.model.update()
-        self._sync_controls()
+    def _redraw(self) -> None:
         revision = self.model.revision
         if self._changed("status", (revision, self.rank)):
             self.status_html.value = self._status()
@@ -259,7 +216,7 @@ class LifecycleView(Panels, live.LazyWidget):
         if inst is None:
             return
         # Settings and hooks change only with a watch; findings, strip and bytes with
-        # every update (redrawn in place: the figures' traces keep their shape).
+        # every update (the strip's and the bars' new values into the traces they have).
         watched = (self.rank, inst.serial, len(inst.watches))
         if self._changed("instance", (revision, self.rank, inst.serial)):
             self.findings_html.value = self.findings_text()
@@ -268,30 +225,23 @@ class LifecycleView(Panels, live.LazyWidget):
         if self._changed("strip", (revision, self.rank, inst.serial, self.chosen_window)):
             window, serial = self.chosen_window, inst.serial
             strip = lifecycle_strip(self.model, serial, self.rank, window=window)
-            _redraw(
-                self.lifecycle_figure,
-                lambda: figure_lifecycle(self.model, serial, self.rank, window=window),
-                lambda target: _strip_in_place(target, strip),
+            spec = _strip_spec(self._redrawn["lifecycle"].shown, strip)
+            self._draw(
+                "lifecycle",
+                spec or figure_lifecycle(self.model, serial, self.rank, window=window),
             )
         if self._changed("hooks", watched):
-            fig = figure_hooks(self.model, inst.serial, self.rank)
-            _redraw(self.hooks_figure, lambda: fig)
+            self._draw("hooks", figure_hooks(self.model, inst.serial, self.rank))
         if self._changed("bytes", (revision, self.rank)):
-            bars = bytes_bars(self.model, self.rank)
-            _redraw(
-                self.bytes_figure,
-                lambda: figure_bytes(self.model, self.rank),
-                lambda target: _bars_in_place(target, bars),
-            )
+            spec = _bars_spec(self._redrawn["bytes"].shown, bytes_bars(self.model, self.rank))
+            self._draw("bytes", spec or figure_bytes(self.model, self.rank))
+
+    def _selections(self) -> list[Selection]:
+        return [(self.ddp_selector, self._ddp_options(), self.chosen_ddp)]
 
     def _sync_controls(self) -> None:
         """New ranks, instances and iterations appear while the run goes on."""
-        self._set_selectors(
-            (
-                (self.rank_selector, self._rank_options(), self.rank),
-                (self.ddp_selector, self._ddp_options(), self.chosen_ddp),
-            )
-        )
+        super()._sync_controls()
         low, high = self._span()
         slider = self.window_selector
         long = high - low + 1 > MAX_COLUMNS or self.chosen_window is not None
@@ -299,48 +249,36 @@ class LifecycleView(Panels, live.LazyWidget):
         if (slider.min, slider.max) != (low, high) or (
             self.chosen_window is None and tuple(slider.value) != (low, high)
         ):
-            self._quiet = True
-            try:  # widen first: the slider clamps its value to its bounds
+            with self._quietly():  # widen first: the slider clamps its value to its bounds
                 slider.max = max(high, slider.min)
                 slider.min = low
                 slider.max = high
                 slider.value = self.chosen_window or (low, high)
-            finally:
-                self._quiet = False
 
 
-def _redraw(
-    target: go.FigureWidget,
-    build: Callable[[], go.Figure],
-    in_place: Callable[[go.FigureWidget], bool] | None = None,
-) -> None:
-    """Redraw one panel: new data into the traces it has (``in_place`` says whether they
-    fit), else ``build()``'s figure swapped in."""
-    if in_place is None or not in_place(target):
-        swap_figure(target, build())
+def _strip_spec(shown: Spec | None, strip: Strip | str) -> Spec | None:
+    """The strip drawn last with ``strip``'s cells and title (None: it has no heatmap to
+    take them, or there is no strip): building and validating a whole 100-column strip
+    cost ~20 ms of plotly's validation."""
+    if (
+        shown is None
+        or not isinstance(strip, Strip)
+        or [t.get("type") for t in shown[0]] != ["heatmap"]
+    ):
+        return None
+    (heatmap,), layout = shown
+    return [{**heatmap, **strip.traced()}], retitled(layout, strip.title)
 
 
-def _strip_in_place(target: go.FigureWidget, strip: Strip | str) -> bool:
-    if not isinstance(strip, Strip) or [t.type for t in target.data] != ["heatmap"]:
-        return False
-    # One update message, unvalidated (a 100-column strip's cells took ~20 ms of
-    # plotly's validation): the same properties, of the same kinds, as the heatmap that
-    # figure_lifecycle built and plotly validated.
-    restyle = {k: [v] for k, v in strip.traced().items()}
-    target.plotly_update(restyle, {"title.text": strip.title}, [0])
-    return True
-
-
-def _bars_in_place(target: go.FigureWidget, bars: Bars | None) -> bool:
-    if bars is None or [t.name for t in target.data] != list(bars.sent):
-        return False
-    restyle = {
-        "x": [bars.x] * len(bars.sent),
-        "y": list(bars.sent.values()),
-        "hovertext": [bars.hover(purpose) for purpose in bars.sent],
-    }
-    target.plotly_update(restyle, {"title.text": bars.title}, list(range(len(bars.sent))))
-    return True
+def _bars_spec(shown: Spec | None, bars: Bars | None) -> Spec | None:
+    """The bars drawn last with ``bars``' values and title (None: other purposes, or none)."""
+    if shown is None or bars is None or [t.get("name") for t in shown[0]] != list(bars.sent):
+        return None
+    traces = [
+        {**t, "x": bars.x, "y": bars.sent[t["name"]], "hovertext": bars.hover(t["name"])}
+        for t in shown[0]
+    ]
+    return traces, retitled(shown[1], bars.title)
 
 
 def _value(v: Any) -> str:

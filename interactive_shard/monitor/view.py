@@ -19,6 +19,7 @@ from interactive_shard.monitor.model import MonitorModel
 from interactive_shard.telemetry.rank_state import RankState
 from interactive_shard.ui import live
 from interactive_shard.ui.colors import STATE_COLORS
+from interactive_shard.ui.redraw import Redrawn, retitled, spec_of
 
 if TYPE_CHECKING:
     from interactive_shard.cluster.run import Run
@@ -37,10 +38,6 @@ class MonitorSource(Protocol):
     def describe(self) -> str:
         """One line of plain text: ranks, backend, devices."""
         ...
-
-
-def _trace_keys(fig: go.Figure | go.FigureWidget) -> list[str]:
-    return [t.name for t in fig.data]
 
 
 class MonitorView(live.LazyWidget):
@@ -112,10 +109,10 @@ class MonitorView(live.LazyWidget):
         ]
         self._logs = [widgets.HTML(layout={"width": "100%"}) for _ in range(n)]
         rows = [widgets.HBox([self._labels[r], self._bars[r], self._logs[r]]) for r in range(n)]
-        self._fig = go.FigureWidget(figure_scalars(model, LIVE_POINTS) if model else go.Figure())
+        self._plot = Redrawn(go.FigureWidget())  # as the other views redraw (ui/view_base)
+        self._fig = self._plot.widget
         # Shown only once there is a scalar to plot (an empty plot just takes space).
-        self._fig_box = widgets.Box([self._fig])
-        self._fig_box.layout.display = "" if self._fig.data else "none"
+        self._fig_box = widgets.Box([self._fig], layout={"display": "none"})
         self._widget = widgets.VBox([self._title, *rows, self._fig_box])
         self.refresh()
 
@@ -151,17 +148,14 @@ class MonitorView(live.LazyWidget):
 
     def _redraw(self, model: MonitorModel) -> None:
         """New points into the traces shown (no figure built: that cost ~1 ms a trace);
-        a new line (scalar or rank) rebuilds the figure once."""
+        a new line (scalar or rank) draws the figure whole once."""
         lines = scalar_lines(model, LIVE_POINTS)
-        keys = [line_name(ln) for ln in lines]
-        with self._fig.batch_update():
-            if _trace_keys(self._fig) == keys:
-                for trace, ln in zip(self._fig.data, lines, strict=True):
-                    trace.x, trace.y = ln.steps, ln.values
-                self._fig.layout.title = title(lines)
-            else:
-                fig = figure_scalars(model, LIVE_POINTS)
-                self._fig.data = ()
-                self._fig.add_traces(list(fig.data))
-                self._fig.layout.title = fig.layout.title
+        shown = self._plot.shown
+        if shown is not None and [t.get("name") for t in shown[0]] == list(map(line_name, lines)):
+            traces = [
+                {**t, "x": ln.steps, "y": ln.values} for t, ln in zip(shown[0], lines, strict=True)
+            ]
+            self._plot.draw((traces, retitled(shown[1], title(lines))))
+        else:
+            self._plot.draw(spec_of(figure_scalars(model, LIVE_POINTS)))
         self._fig_box.layout.display = "" if lines else "none"

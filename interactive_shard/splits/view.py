@@ -1,21 +1,12 @@
-"""SplitsView: the graph-split widget (rank, compile, lanes, partition, plan, what-if caps).
-
-Thin: the state worth testing lives in ``SplitsModel`` and in the pure figures of
-``figures.py`` / ``figures_lanes.py``; this file wires widgets to them. Every redraw
-builds a figure from the model as it is now and swaps it into its FigureWidget inside
-``batch_update()``; ``ui.live`` calls ``refresh()`` at most 10 times a second while
-ranks run, and a panel is redrawn only when what it shows changed (the model's
-``revision``, or a control).
-"""
+"""SplitsView: the graph-split widget (rank, compile, lanes, partition, plan, what-if caps),
+on ``ui.view_base``; its HTML panels are in ``_view_text.py``."""
 
 from __future__ import annotations
 
 import html
-import math
 from typing import Any
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from interactive_shard.splits import _view_text
 from interactive_shard.splits.compare import compare_graph
@@ -29,37 +20,27 @@ from interactive_shard.splits.figures import (
 )
 from interactive_shard.splits.model import Compilation, SplitsModel
 from interactive_shard.splits.plan import MIB, GraphPlan, SplitPlan, SplitPlanError
-from interactive_shard.ui import live
-from interactive_shard.ui.controls import (
-    CAP_STEP,
-    Panels,
-    clamp_log2,
-    heading,
-    log2_grid,
-    rank_options,
-    rank_selector,
-    shown_rank,
-    swap_figure,
-)
+from interactive_shard.ui import controls
 from interactive_shard.ui.format import nbytes
+from interactive_shard.ui.view_base import LATEST, PanelView, Selection, heading, selector
 
 __all__ = ["SplitsView", "report_figures"]
 
-LATEST = -1  # compile selector value that follows the newest compile
 CAP_LOG2 = (-6.0, 7.0)  # what-if cap slider: 1/64 .. 128 MiB, log2 scale
 FIRST_LOG2 = (-10.0, 7.0)  # what-if first-bucket slider: 1 KiB .. 128 MiB
 DEFAULT_CAP_MB = 25.0  # DDP's default, before any compile arrived
 PRE = "<pre style='max-height:420px;overflow:auto;font-size:11px;margin:0'>{}</pre>"
 
 
-class SplitsView(Panels, live.LazyWidget):
+class SplitsView(PanelView[SplitsModel]):
     """Live view of a ``SplitsModel`` (``run.splits``); ``widget`` is built on first use.
 
-    State first, settable before any widget exists: ``rank``, the compile ``index``
-    (None follows the latest), the selected ``partition``, the what-if ``cap_mb`` /
-    ``first_cap_mb`` (None: the compile's own caps) and a plan to compare with
-    (``set_plan``). Once ``widget`` is built the controls hold that state: set
-    ``rank_selector.value``, ``compile_selector.value``, ``partition_selector.value``,
+    State first, settable before any widget exists: ``rank``, the compile ``index`` (its
+    position among the rank's compiles; None follows the latest), the selected
+    ``partition``, the what-if ``cap_mb`` / ``first_cap_mb`` (None: the compile's own
+    caps) and a plan to compare with (``set_plan``). Once ``widget`` is built the controls
+    hold that state: set ``rank_selector.value``, ``compile_selector.value`` (``LATEST``,
+    or the compile at ``index`` as ``index + 1``), ``partition_selector.value``,
     ``cap_slider.value`` or ``first_cap_slider.value``, click ``reset_button`` or a call
     of the lanes figure, then read the figures and HTML panels.
     """
@@ -75,30 +56,23 @@ class SplitsView(Panels, live.LazyWidget):
         first_cap_mb: float | None = None,
         plan: SplitPlan | GraphPlan | None = None,
     ) -> None:
-        self.model = model
-        self.chosen_rank = rank
-        self.chosen_index = LATEST if index is None else index
+        super().__init__(model, rank)
+        # The compile selector counts compiles from 1, as LATEST (0) follows the newest.
+        self.chosen_compile = LATEST if index is None else index + 1
         self.partition = partition
         self.cap_mb = cap_mb
         self.first_cap_mb = first_cap_mb
         self.user_plan = plan
-        self._widget: widgets.VBox | None = None
-        self._drawn: dict[str, Any] = {}
-        self._quiet = False  # set while the view itself moves a control
         self._options: tuple[tuple[Any, ...], list[tuple[str, int]]] | None = None
 
     # -- state (no widgets) ----------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return shown_rank(self.chosen_rank, self.model.ranks)
-
     @property
     def index(self) -> int | None:
         """The position of the compile shown among the rank's compiles (None: none yet)."""
         n = self.model.count(self.rank)
         if n == 0:
             return None
-        return n - 1 if self.chosen_index == LATEST else min(self.chosen_index, n - 1)
+        return n - 1 if self.chosen_compile == LATEST else min(self.chosen_compile, n) - 1
 
     @property
     def compilation(self) -> Compilation | None:
@@ -122,16 +96,6 @@ class SplitsView(Panels, live.LazyWidget):
         """Compare the captured partitions with ``plan`` (``ish.plan_splits(...)``; None:
         the planner run on each captured graph at its own caps)."""
         self.user_plan = plan
-        self.refresh()
-
-    def select_partition(self, partition: int) -> None:
-        self.partition = partition
-        if self._widget is not None:
-            self._quiet = True
-            try:
-                self.partition_selector.value = self._selected_index()
-            finally:
-                self._quiet = False
         self.refresh()
 
     def differences(self) -> list[str]:
@@ -160,43 +124,36 @@ class SplitsView(Panels, live.LazyWidget):
         return {"bucket_cap_mb": self.cap_mb, "first_bucket_cap_mb": self.first_cap_mb}
 
     def _position(self) -> int:
-        return self.index if self.index is not None else LATEST
+        return self.index if self.index is not None else -1
 
     def _selected_index(self) -> int:
         p = self.selected
         return p.index if p is not None else 0
 
     # -- widgets ---------------------------------------------------------------------------
-    def _build(self) -> None:
-        self.model.update()
-        self.rank_selector = rank_selector(self.model.ranks, self.rank)
-        self.compile_selector = widgets.Dropdown(
-            description="compile", options=self._compile_options(), value=self.chosen_index
-        )
-        self.partition_selector = widgets.Dropdown(
-            description="partition",
-            options=self._partition_options(),
-            value=self._selected_index(),
-            layout={"width": "420px"},
-        )
+    def _panels(self) -> list[Any]:
+        self.compile_selector = selector("compile", self._compile_options(), self.chosen_compile)
+        partitions = self._partition_options()
+        self.partition_selector = selector("partition", partitions, self._selected_index(), "420px")
         cap, first = self._recorded()
-        self.cap_slider = _slider("what-if cap (MiB)", self.cap_mb or cap, CAP_LOG2, cap)
-        self.first_cap_slider = _slider(
-            "first bucket (MiB)", self.first_cap_mb or first, FIRST_LOG2, first
+        self.cap_slider = controls.cap_slider(
+            "what-if cap (MiB)", self.cap_mb or cap, cap, CAP_LOG2, "360px"
+        )
+        self.first_cap_slider = controls.cap_slider(
+            "first bucket (MiB)", self.first_cap_mb or first, first, FIRST_LOG2, "360px"
         )
         self.reset_button = widgets.Button(description="recorded caps", icon="undo")
-        self.status_html = widgets.HTML()
         self.partition_html = widgets.HTML()
         self.code_html = widgets.HTML()
         self.differences_html = widgets.HTML()
         self.what_if_html = widgets.HTML()
         self.runtime_html = widgets.HTML()
-        self.lanes_figure = go.FigureWidget()
-        self.compare_figure = go.FigureWidget()
-        self.what_if_figure = go.FigureWidget()
-        self.sweep_figure = go.FigureWidget()
-        for control in (self.rank_selector, self.compile_selector, self.partition_selector):
-            control.observe(self._on_control, names="value")
+        selectors = widgets.HBox([self._rank_selector(), self.compile_selector])
+        self.lanes_figure = self._figure("lanes")
+        self.compare_figure = self._figure("compare")
+        self.what_if_figure = self._figure("what_if")
+        self.sweep_figure = self._figure("sweep")
+        self._observe(self.rank_selector, self.compile_selector, self.partition_selector)
         self.cap_slider.observe(self._on_cap, names="value")
         self.first_cap_slider.observe(self._on_cap, names="value")
         self.reset_button.on_click(self._on_reset)
@@ -217,29 +174,18 @@ class SplitsView(Panels, live.LazyWidget):
                 self.runtime_html,
             ]
         )
-        self._widget = widgets.VBox(
-            [
-                self.status_html,
-                widgets.HBox([self.rank_selector, self.compile_selector]),
-                self.lanes_figure,
-                self.details,
-            ]
-        )
-        self.refresh()
-
-    def _rank_options(self) -> list[tuple[str, int]]:
-        return rank_options(self.model.ranks, self.rank)
+        return [selectors, self.lanes_figure, self.details]
 
     def _compile_options(self) -> list[tuple[str, int]]:
-        key = (self.rank, self.model.count(self.rank), self.chosen_index)
+        key = (self.rank, self.model.count(self.rank), self.chosen_compile)
         if self._options is not None and self._options[0] == key:
             return self._options[1]
         options = [("latest", LATEST)]
         for i, h in enumerate(self.model.headers(self.rank)):  # labels without decoding
             label = f"{h[0]} · {h[1]} partition(s) · {h[2]}" if h else f"{i} · (unreadable)"
-            options.append((label, i))
-        if self.chosen_index != LATEST and self.chosen_index >= len(options) - 1:
-            options.append((f"{self.chosen_index} (not yet)", self.chosen_index))
+            options.append((label, i + 1))
+        if self.chosen_compile >= len(options):
+            options.append((f"{self.chosen_compile - 1} (not yet)", self.chosen_compile))
         self._options = (key, options)
         return options
 
@@ -258,13 +204,10 @@ class SplitsView(Panels, live.LazyWidget):
             return DEFAULT_CAP_MB, 1.0
         return comp.bucket_bytes_cap / MIB, comp.first_bucket_bytes / MIB
 
-    def _on_control(self, _change: dict[str, Any]) -> None:
-        if self._quiet:
-            return
-        self.chosen_rank = self.rank_selector.value
-        self.chosen_index = self.compile_selector.value
+    def _read_controls(self) -> None:
+        super()._read_controls()
+        self.chosen_compile = self.compile_selector.value
         self.partition = self.partition_selector.value
-        self.refresh()
 
     def _on_cap(self, change: dict[str, Any]) -> None:
         if self._quiet:
@@ -274,9 +217,7 @@ class SplitsView(Panels, live.LazyWidget):
         given = self.cap_mb if is_cap else self.first_cap_mb
         shown = given if given is not None else (cap if is_cap else first)
         new = float(change["new"])
-        # A browser snaps the value to the slider's grid and sends it back: a move within
-        # half a step is that snap, not the user's choice (it would turn the what-if on).
-        if abs(math.log2(new) - math.log2(shown)) < CAP_STEP / 2:
+        if controls.snapped(new, shown):
             return
         if is_cap:
             self.cap_mb = new
@@ -289,6 +230,10 @@ class SplitsView(Panels, live.LazyWidget):
         self._place_sliders()
         self.refresh()
 
+    def select_partition(self, partition: int) -> None:
+        self.partition = partition
+        self.refresh()  # which moves the partition selector
+
     def _on_lane_click(self, trace: Any, points: Any, _state: Any) -> None:
         """A click on a call of the lanes figure selects its partition."""
         if points.point_inds and trace.customdata is not None:
@@ -297,38 +242,31 @@ class SplitsView(Panels, live.LazyWidget):
     def _place_sliders(self) -> None:
         """Sliders on the compile's caps (their grid through them), unless a what-if is set."""
         cap, first = self._recorded()
-        self._quiet = True
-        try:
+        with self._quietly():
             for slider, given, recorded, bounds in (
                 (self.cap_slider, self.cap_mb, cap, CAP_LOG2),
                 (self.first_cap_slider, self.first_cap_mb, first, FIRST_LOG2),
             ):
-                low, high = log2_grid(recorded, bounds)
-                slider.min, slider.max = min(low, slider.min), max(high, slider.max)
-                slider.value = clamp_log2(given if given is not None else recorded, bounds)
-                slider.min, slider.max = low, high
-        finally:
-            self._quiet = False
+                controls.place(slider, recorded if given is None else given, recorded, bounds)
 
-    def refresh(self) -> None:
-        """Bring controls and panels up to date (cheap when nothing changed)."""
-        if self._widget is None:
-            return
-        self.model.update()
-        self._sync_controls()
+    def _selections(self) -> list[Selection]:
+        return [
+            (self.compile_selector, self._compile_options(), self.chosen_compile),
+            (self.partition_selector, self._partition_options(), self._selected_index()),
+        ]
+
+    def _redraw(self) -> None:
         comp = self.compilation
         data = (self.model.revision, self.rank, self.index)
-        # What the compile shown says but for its index: a recompile storm repeats one
-        # compile, and then a figure only gets its new title.
-        shown = (self.rank, self.model.content(self.rank, self._position()))
+        position = self._position()
         if self._changed("data", data):
             self.status_html.value = self._status()
             self._place_sliders()
         self.details.layout.display = "" if comp is not None else "none"
         selected = self._selected_index()
         if self._changed("lanes", (*data, selected)):
-            fig = figure_lanes(self.model, self.rank, self._position(), selected=selected)
-            if self._draw(self.lanes_figure, (*shown, selected), fig):
+            fig = figure_lanes(self.model, self.rank, position, selected=selected)
+            if self._draw("lanes", fig):
                 for trace in self.lanes_figure.data:  # new traces: the click goes to each again
                     if trace.customdata is not None:
                         trace.on_click(self._on_lane_click)
@@ -340,58 +278,17 @@ class SplitsView(Panels, live.LazyWidget):
             return
         compare = None
         if self._changed("compare", (*data, id(self.user_plan))):
-            compare = figure_compare(self.model, self.rank, self._position(), plan=self.user_plan)
-            self._draw(self.compare_figure, (*shown, id(self.user_plan)), compare)
+            compare = figure_compare(self.model, self.rank, position, plan=self.user_plan)
+            self._draw("compare", compare)
             self.differences_html.value = _view_text.differences_html(self.differences())
-        what_if = (*data, self.cap_mb, self.first_cap_mb)
-        if self._changed("what_if", what_if):
-            position = self._position()
+        if self._changed("what_if", (*data, self.cap_mb, self.first_cap_mb)):
             if compare is None or self.user_plan is not None or self.what_if:
                 compare = figure_compare(self.model, self.rank, position, **self._caps())
             # (without a what-if or a plan of the user's, the what-if is the comparison)
-            self._draw(self.what_if_figure, (*shown, self.cap_mb, self.first_cap_mb), compare)
+            self._draw("what_if", compare)
             self.what_if_html.value = self.what_if_text()
-            current = self.cap_mb if self.cap_mb is not None else None
-            fig = figure_cap_sweep(self.model, self.rank, position, current_mb=current)
-            self._draw(self.sweep_figure, (*shown, current), fig)
+            fig = figure_cap_sweep(self.model, self.rank, position, current_mb=self.cap_mb)
+            self._draw("sweep", fig)
         runtime = "<br>".join(html.escape(line) for line in self.model.versus_runtime(self.rank))
         if self.runtime_html.value != runtime:  # the bucket map fills in after the compile
             self.runtime_html.value = runtime
-
-    def _draw(self, target: go.FigureWidget, key: tuple[Any, ...], fig: go.Figure) -> bool:
-        """Swap ``fig`` into ``target`` unless it shows what ``key`` says ``target`` shows
-        already; then only its title changes. True when swapped."""
-        if self._changed(f"figure {id(target)}", key):
-            swap_figure(target, fig)
-            return True
-        title = fig.layout.title.text
-        if target.layout.title.text != title:
-            target.layout.title.text = title
-        return False
-
-    def _sync_controls(self) -> None:
-        """New ranks, compiles and partitions appear while the run goes on."""
-        self._set_selectors(
-            (
-                (self.rank_selector, self._rank_options(), self.rank),
-                (self.compile_selector, self._compile_options(), self.chosen_index),
-                (self.partition_selector, self._partition_options(), self._selected_index()),
-            )
-        )
-
-
-def _slider(
-    description: str, value: float, bounds: tuple[float, float], recorded: float
-) -> widgets.FloatLogSlider:
-    low, high = log2_grid(recorded, bounds)
-    return widgets.FloatLogSlider(
-        value=clamp_log2(value, bounds),
-        base=2,
-        min=low,
-        max=high,
-        step=CAP_STEP,
-        readout_format=".3g",
-        description=description,
-        style={"description_width": "initial"},
-        layout={"width": "360px"},
-    )

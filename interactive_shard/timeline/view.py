@@ -1,13 +1,7 @@
 """TimelineView: the hook-order / overlap widget (ranks, iteration, nesting depth, the
-timeline, the backward order, overlap per iteration, collectives across ranks), and
-``versus``: two runs (eager vs compiled) with a toggle and a side-by-side figure.
-
-Thin: the state worth testing lives in ``TimelineModel`` and in the pure figures of
-``figures.py`` / ``figures_collectives.py``; this file wires widgets to them. Every
-redraw builds a figure from the model as it is now and swaps it into its FigureWidget
-inside ``batch_update()``; ``ui.live`` calls ``refresh()`` at most 10 times a second
-while ranks run, and a panel is redrawn only when what it shows changed (a model's
-``revision``, or a control).
+timeline, the backward order, overlap per iteration, collectives across ranks), on
+``ui.view_base``; and ``versus``: two runs (eager vs compiled) with a toggle and a
+side-by-side figure.
 """
 
 from __future__ import annotations
@@ -29,13 +23,12 @@ from interactive_shard.timeline.figures import (
 from interactive_shard.timeline.figures_collectives import collectives_spec, overlap_spec
 from interactive_shard.timeline.figures_lanes import KIND_COLORS
 from interactive_shard.timeline.model import TimelineModel, TimelineSpan
-from interactive_shard.ui import live
-from interactive_shard.ui.controls import Panels, heading
-from interactive_shard.ui.redraw import Redrawn
+from interactive_shard.ui.redraw import spec_of
+from interactive_shard.ui.view_base import LATEST, PanelView, Selection, heading
 
 __all__ = ["TimelineView", "report_figures", "versus"]
 
-LATEST, ALL = 0, -1  # iteration selector values: follow the newest; every iteration
+ALL = -1  # iteration selector value: every iteration (LATEST: the newest)
 ALL_RANKS = -1  # rank selector value: every rank
 ALL_DEPTHS = -1  # depth selector value: every nesting level
 MAX_DEPTH_CHOICES = 6
@@ -53,12 +46,12 @@ EXPORT = (
 )
 
 
-class TimelineView(Panels, live.LazyWidget):
+class TimelineView(PanelView[TimelineModel]):
     """Live view of a ``TimelineModel`` (``run.timeline``), or of two (``versus``);
     ``widget`` is built on first use.
 
     State first, settable before any widget exists: ``ranks`` (None: all), ``iteration``
-    (None: the latest; ``ALL``: every one), ``depth`` (None: every nesting level) and,
+    (``LATEST``: the latest; ``ALL``: every one), ``depth`` (None: every nesting level) and,
     with ``other``, ``showing`` (``"a"``: this run, ``"b"``: the other, ``"both"``: side
     by side). Once ``widget`` is built the controls hold that state: set
     ``rank_selector.value``, ``iteration_selector.value``, ``depth_selector.value`` or
@@ -72,7 +65,7 @@ class TimelineView(Panels, live.LazyWidget):
         labels: tuple[str, str] = ("eager", "compiled"),
         *,
         ranks: list[int] | None = None,
-        iteration: int | None = None,
+        iteration: int = LATEST,
         depth: int | None = None,
         showing: Showing | None = None,
     ) -> None:
@@ -80,16 +73,12 @@ class TimelineView(Panels, live.LazyWidget):
             raise ValueError(f"labels={labels!r}: give two names, e.g. ('eager', 'compiled')")
         if showing not in (None, "a", "b", "both") or (showing in ("b", "both") and other is None):
             raise ValueError(f"showing={showing!r}: 'a', or with another run 'b' or 'both'")
-        self.model = model
+        super().__init__(model, iteration=iteration)
         self.other = other
         self.labels = labels
         self.chosen_ranks = tuple(ranks) if ranks else None
-        self.chosen_iteration = LATEST if iteration is None else iteration
         self.depth = depth
         self.showing: Showing = showing or ("both" if other is not None else "a")
-        self._widget: widgets.VBox | None = None
-        self._drawn: dict[str, Any] = {}
-        self._quiet = False  # set while the view itself moves a control
 
     # -- state (no widgets) ----------------------------------------------------------------
     @property
@@ -143,10 +132,7 @@ class TimelineView(Panels, live.LazyWidget):
         """``figure()`` as plain dicts: one run's straight from the model, the subplots
         of two side by side through their figure (built by make_subplots)."""
         if self.showing == "both" and self.other is not None:
-            fig = self.figure()
-            layout = fig.layout.to_plotly_json()
-            layout.pop("template", None)
-            return [t.to_plotly_json() for t in fig.data], layout
+            return spec_of(self.figure())
         label = None if self.other is None else self.labels[self.showing == "b"]
         return timeline_spec(
             self.current, iteration=self.iteration, ranks=self.ranks, depth=self.depth, label=label
@@ -200,9 +186,7 @@ class TimelineView(Panels, live.LazyWidget):
         return "<br>".join(parts)
 
     # -- widgets ---------------------------------------------------------------------------
-    def _build(self) -> None:
-        for m in self._models():
-            m.update()
+    def _panels(self) -> list[Any]:
         self.run_toggle = widgets.ToggleButtons(
             options=[(self.labels[0], "a"), (self.labels[1], "b"), ("side by side", "both")],
             value=self.showing,
@@ -227,26 +211,14 @@ class TimelineView(Panels, live.LazyWidget):
             options=self._depth_options(),
             value=ALL_DEPTHS if self.depth is None else self.depth,
         )
-        self.status_html = widgets.HTML()
         self.order_html = widgets.HTML()
         self.export_html = widgets.HTML(EXPORT)
-        self.timeline_figure = go.FigureWidget()
-        self.overlap_figure = go.FigureWidget()
-        self.collectives_figure = go.FigureWidget()
-        # Redrawn with what changed only: a live view's next figure differs from the
-        # last in values, and validating a whole figure cost most of a refresh.
-        self._redrawn = {
-            "timeline": Redrawn(self.timeline_figure),
-            "overlap": Redrawn(self.overlap_figure),
-            "collectives": Redrawn(self.collectives_figure),
-        }
-        for control in (
-            self.run_toggle,
-            self.rank_selector,
-            self.iteration_selector,
-            self.depth_selector,
-        ):
-            control.observe(self._on_control, names="value")
+        self.timeline_figure = self._figure("timeline")
+        self.overlap_figure = self._figure("overlap")
+        self.collectives_figure = self._figure("collectives")
+        self._observe(
+            self.run_toggle, self.rank_selector, self.iteration_selector, self.depth_selector
+        )
         self.iteration_box.observe(self._on_box, names="value")
         self.details = widgets.VBox(
             [
@@ -259,22 +231,9 @@ class TimelineView(Panels, live.LazyWidget):
                 self.export_html,
             ]
         )
-        self._widget = widgets.VBox(
-            [
-                self.status_html,
-                self.run_toggle,
-                widgets.HBox(
-                    [
-                        self.rank_selector,
-                        widgets.VBox([self.iteration_selector, self.iteration_box]),
-                        self.depth_selector,
-                    ]
-                ),
-                self.timeline_figure,
-                self.details,
-            ]
-        )
-        self.refresh()
+        iterations = widgets.VBox([self.iteration_selector, self.iteration_box])
+        selectors = widgets.HBox([self.rank_selector, iterations, self.depth_selector])
+        return [self.run_toggle, selectors, self.timeline_figure, self.details]
 
     def _rank_options(self) -> list[tuple[str, int]]:
         found = sorted({r for m in self._models() for r in m.ranks} | set(self.chosen_ranks or ()))
@@ -306,59 +265,48 @@ class TimelineView(Panels, live.LazyWidget):
         if self._quiet:
             return
         self.chosen_iteration = int(change["new"]) or LATEST
-        self._set_selectors(
-            ((self.iteration_selector, self._iteration_options(), self.chosen_iteration),)
-        )
-        self.refresh()
+        self.refresh()  # which lists it in the selector
 
-    def _on_control(self, _change: dict[str, Any]) -> None:
-        if self._quiet:
-            return
+    def _read_controls(self) -> None:
         chosen = tuple(self.rank_selector.value)
         self.chosen_ranks = None if not chosen or ALL_RANKS in chosen else chosen
         self.chosen_iteration = self.iteration_selector.value
         self.depth = None if self.depth_selector.value == ALL_DEPTHS else self.depth_selector.value
         if self.other is not None:
             self.showing = self.run_toggle.value
-        self.refresh()
 
-    def refresh(self) -> None:
-        """Bring controls and panels up to date (cheap when nothing changed)."""
-        if self._widget is None:
-            return
+    def _update(self) -> None:
         for m in self._models():
             m.update()
-        self._sync_controls()
+
+    def _redraw(self) -> None:
         revisions = tuple(m.revision for m in self._models())
         shown = (revisions, self.showing, tuple(self.ranks), self.chosen_iteration)
         if self._changed("status", revisions):
             self.status_html.value = self._status()
         if self._changed("timeline", (*shown, self.depth)):
-            self._redrawn["timeline"].draw(self._timeline_spec())
+            self._draw("timeline", self._timeline_spec())
         if self._changed("order", (*shown, self.rank)):
             self.order_html.value = self.order_text()
         self.details.layout.display = "" if self.current.ranks else "none"
         if self._changed("panels", (revisions, self.showing, self.single)):
-            self._redrawn["overlap"].draw(overlap_spec(self.current, self.single))
-            self._redrawn["collectives"].draw(collectives_spec(self.current, self.single))
+            self._draw("overlap", overlap_spec(self.current, self.single))
+            self._draw("collectives", collectives_spec(self.current, self.single))
+
+    def _selections(self) -> list[Selection]:
+        return [
+            (self.rank_selector, self._rank_options(), self._rank_value()),
+            (self.iteration_selector, self._iteration_options(), self.chosen_iteration),
+        ]
 
     def _sync_controls(self) -> None:
         """New ranks and iterations appear while the run goes on."""
-        self._set_selectors(
-            (
-                (self.rank_selector, self._rank_options(), self._rank_value()),
-                (self.iteration_selector, self._iteration_options(), self.chosen_iteration),
-            )
-        )
-        latest, box = self._latest_of_all(), self.iteration_box
-        value = max(self.chosen_iteration, 0)
-        if box.max != max(latest, value) or box.value != value:
-            self._quiet = True
-            try:
-                box.max = max(latest, value)
-                box.value = value
-            finally:
-                self._quiet = False
+        super()._sync_controls()
+        box, value = self.iteration_box, max(self.chosen_iteration, 0)  # ALL shows as 0
+        top = max(self._latest_of_all(), value)
+        if (box.max, box.value) != (top, value):
+            with self._quietly():
+                box.max, box.value = top, value
 
 
 def versus(

@@ -20,6 +20,7 @@ from plotly.basedatatypes import Undefined
 
 Spec = tuple[list[dict[str, Any]], dict[str, Any]]
 _IDENTITY = ("type", "name", "xaxis", "yaxis", "legendgroup")
+_ARRAYS = ("shapes", "annotations")
 
 
 class Redrawn:
@@ -31,7 +32,15 @@ class Redrawn:
         self.whole = 0  # draws that rebuilt every trace
         self._shown: Spec | None = None
 
-    def draw(self, spec: Spec) -> None:
+    @property
+    def shown(self) -> Spec | None:
+        """The traces and layout drawn last (None: nothing yet); a view that knows which
+        of their values a new iteration changes builds the next spec from them."""
+        return self._shown
+
+    def draw(self, spec: Spec) -> bool:
+        """Show ``spec``; True when it drew the traces whole (new trace objects: a click
+        handler set on the old ones must be set again)."""
         traces, layout = spec
         self.draws += 1
         shown = self._shown
@@ -39,7 +48,7 @@ class Redrawn:
         if shown is None or _identities(shown[0]) != _identities(traces):
             self.whole += 1
             whole(self.widget, traces, layout)
-            return
+            return True
         restyle: dict[str, list[Any]] = {}
         changed_traces: list[int] = []
         for i, (new, old) in enumerate(zip(traces, shown[0], strict=True)):
@@ -57,11 +66,38 @@ class Redrawn:
             k: v for k, v in layout.items() if k not in old_layout or not same(v, old_layout[k])
         }
         relayout.update({k: None for k in old_layout if k not in layout})
+        # plotly keeps an object per shape and annotation, reading its values from the
+        # list a relayout sets, but as many objects as before: another number of shapes
+        # goes in through the property (validated), else the Python side lacks one.
+        arrays = {
+            k: relayout.pop(k) or ()
+            for k in _ARRAYS
+            if k in relayout and len(relayout[k] or ()) != len(old_layout.get(k) or ())
+        }
         if restyle or relayout:
             # One update message, and no validation: these dicts differ from validated
             # ones only in values of the same kinds (plotly's batch_update ends with
             # this very call, after validating each assignment one by one).
             self.widget.plotly_update(restyle, relayout, changed_traces)
+        if arrays:
+            with self.widget.batch_update():
+                for key, value in arrays.items():
+                    self.widget.layout[key] = value
+        return False
+
+
+def spec_of(fig: go.Figure) -> Spec:
+    """A figure built for one draw as the dicts ``Redrawn`` compares: its own, not the
+    copies ``to_plotly_json`` makes (a deep copy of every trace cost as much as building
+    the figure), less its template (assigning a whole layout re-validates plotly's
+    default template, which cost more than the traces)."""
+    layout = {k: v for k, v in fig._layout.items() if k != "template"}
+    return list(fig._data), layout
+
+
+def retitled(layout: dict[str, Any], title: str) -> dict[str, Any]:
+    """``layout`` (a spec's) with another title."""
+    return {**layout, "title": {**layout.get("title", {}), "text": title}}
 
 
 def _identities(traces: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -70,7 +106,7 @@ def _identities(traces: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 def whole(widget: go.FigureWidget, traces: list[Any], layout: dict[str, Any]) -> None:
     """Draw ``traces`` (dicts, or a figure's traces) and ``layout`` whole, as one front-end
-    update: every redraw that is not a patch comes here (``ui.controls.swap_figure`` too)."""
+    update: every redraw that is not a patch comes here."""
     with widget.batch_update():
         widget.data = ()
         widget.add_traces(traces)

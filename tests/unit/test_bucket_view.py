@@ -366,12 +366,13 @@ def test_refresh_follows_a_live_run_and_skips_needless_redraws() -> None:
     bm.store.extend([e for e in events if e.payload.get("iteration", 1) > 1])
     view.refresh()
     assert view.iteration == 3 and "iteration 3" in view.map_figure.layout.title.text
-    drawn = (view._map.draws, view._timeline.draws)
+    map_, timeline = view._redrawn["map"], view._redrawn["timeline"]
+    drawn = (map_.draws, timeline.draws)
     view.refresh()
-    assert (view._map.draws, view._timeline.draws) == drawn  # nothing new: nothing redrawn
+    assert (map_.draws, timeline.draws) == drawn  # nothing new: nothing redrawn
     view.cap_slider.value = 0.01
     # The timeline does not depend on the cap.
-    assert (view._map.draws, view._timeline.draws) == (drawn[0] + 1, drawn[1])
+    assert (map_.draws, timeline.draws) == (drawn[0] + 1, drawn[1])
 
 
 def test_displaying_the_map_shows_the_view(

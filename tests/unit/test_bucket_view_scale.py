@@ -52,7 +52,8 @@ def test_following_the_latest_redraws_in_place_what_a_new_figure_shows() -> None
     bm = BucketMap(store)
     view = BucketMapView(bm)
     view.widget  # noqa: B018
-    whole = (view._map.whole, view._timeline.whole)
+    map_, timeline = view._redrawn["map"], view._redrawn["timeline"]
+    whole = (map_.whole, timeline.whole)
     for last in (5, 6, 8):
         store.extend([e for e in events if e.payload.get("iteration", 0) in range(last - 1, last)])
         store.extend([e for e in events if e.payload.get("iteration", 0) in range(last, last + 1)])
@@ -62,7 +63,7 @@ def test_following_the_latest_redraws_in_place_what_a_new_figure_shows() -> None
         assert shown(view.timeline_figure) == shown(figure_bucket_timeline(bm, last))
         title = figure_bucket_map(bm, last).layout.title.text
         assert view.map_figure.layout.title.text == title
-    assert (view._map.whole, view._timeline.whole) == whole  # every redraw in place
+    assert (map_.whole, timeline.whole) == whole  # every redraw in place
 
 
 def test_a_burst_shows_how_far_health_got_and_a_poller_finishes_it(

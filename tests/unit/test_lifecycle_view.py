@@ -23,10 +23,11 @@ from interactive_shard.ddp.figures import (
     report_figures,
 )
 from interactive_shard.ddp.model import PURPOSE_ORDER, LifecycleModel
-from interactive_shard.ddp.view import LEVEL_COLORS, NEWEST, LifecycleView
+from interactive_shard.ddp.view import LEVEL_COLORS, LifecycleView
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.testing import FakeLifecycle
 from interactive_shard.ui import live
+from interactive_shard.ui.view_base import LATEST
 
 PARAMS = ["0.weight", "0.bias", "1.weight", "1.bias"]
 STATES = list(STATE_COLORS)
@@ -167,7 +168,7 @@ def test_widget_is_lazy_registered_and_shows_the_newest_instance() -> None:
     view = LifecycleView(m)
     assert view._widget is None and view.ddp == 2 and view.rank == 0
     assert isinstance(view.widget, widgets.VBox) and view in live._views
-    assert [v for _, v in view.ddp_selector.options] == [NEWEST, 1, 2]
+    assert [v for _, v in view.ddp_selector.options] == [LATEST, 1, 2]
     assert view.ddp_selector.options[1][0] == "DDP #1 · defaults"
     assert [v for _, v in view.rank_selector.options] == [0, 1]
     assert "DDP #2" in view.lifecycle_figure.layout.title.text
@@ -197,7 +198,7 @@ def test_selectors_switch_instance_and_rank() -> None:
     view.rank_selector.value = 1
     assert view.rank == 1 and "rank 1" in view.lifecycle_figure.layout.title.text
     assert "rank 1" in view.bytes_figure.layout.title.text
-    view.ddp_selector.value = NEWEST
+    view.ddp_selector.value = LATEST
     assert view.ddp == 2
 
 
@@ -209,9 +210,7 @@ def test_state_given_before_the_widget_exists() -> None:
     assert "DDP #1 · defaults · rank 1" in view.lifecycle_figure.layout.title.text
 
 
-def test_empty_state_then_a_live_run_redraws_only_on_new_data(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_empty_state_then_a_live_run_redraws_only_on_new_data() -> None:
     fake = FakeLifecycle()
     m = LifecycleModel(make_store())
     view = built(LifecycleView(m))
@@ -222,18 +221,23 @@ def test_empty_state_then_a_live_run_redraws_only_on_new_data(
     view.refresh()
     assert view.details.layout.display == "" and view.ddp == 1
     assert "1 iteration(s)" in view.lifecycle_figure.layout.title.text
-    swaps: list[go.FigureWidget] = []
-    monkeypatch.setattr("interactive_shard.ddp.view._redraw", lambda w, *_: swaps.append(w))
+    drawn = {k: r.draws for k, r in view._redrawn.items()}
+
+    def redrawn() -> list[str]:
+        now = {k: r.draws for k, r in view._redrawn.items()}
+        out = [k for k in now if now[k] != drawn[k]]
+        drawn.update(now)
+        return out
+
     view.refresh()
-    assert swaps == []  # nothing new: no figure rebuilt
+    assert redrawn() == []  # nothing new: no figure redrawn
     m.store.append(Event("log", 0, 0, 1.0, {"text": "not a lifecycle event"}))
     view.refresh()
-    assert swaps == []  # the revision did not change
+    assert redrawn() == []  # the revision did not change
     m.store.extend([e for e in events if e.step >= 2])
     view.refresh()
-    assert swaps == [view.lifecycle_figure, view.bytes_figure]  # the hooks come with a watch
-    swaps.clear()
+    assert redrawn() == ["lifecycle", "bytes"]  # the hooks come with a watch
     view.ddp_selector.value = 1  # the same instance as "newest": nothing to redraw
-    assert swaps == []
+    assert redrawn() == []
     view.rank_selector.value = 1
-    assert swaps == [view.lifecycle_figure, view.hooks_figure, view.bytes_figure]
+    assert redrawn() == ["lifecycle", "hooks", "bytes"]

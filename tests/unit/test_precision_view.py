@@ -356,9 +356,7 @@ def test_predicted_failures_and_their_fix_are_listed() -> None:
     assert grid["failure (✖ at its unit)"]["xaxis"] == "x2"
 
 
-def test_refresh_follows_a_live_run_and_skips_needless_redraws(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_refresh_follows_a_live_run_and_skips_needless_redraws() -> None:
     events = events_of(FIXED, world_size=1)
     model = PrecisionModel(make_store())
     view = built(model)
@@ -370,28 +368,32 @@ def test_refresh_follows_a_live_run_and_skips_needless_redraws(
     assert view.iteration_selector.max == 1 and view.iteration == 1
     assert "failed" not in view.iteration_html.value
     assert [v for _, v in view.unit_selector.options] == ["", "1", "2"]
-    swaps: list[Any] = []
-    monkeypatch.setattr(
-        "interactive_shard.precision.view.swap_figure", lambda w, f: swaps.append(w)
-    )
+    drawn = {k: (r.draws, r.whole) for k, r in view._redrawn.items()}
+
+    def redrawn(whole: bool = False) -> list[str]:
+        now = {k: (r.draws, r.whole) for k, r in view._redrawn.items()}
+        out = [k for k in now if now[k][whole] != drawn[k][whole]]
+        drawn.update(now)
+        return out
+
     view.refresh()
-    assert swaps == []  # nothing new: no figure rebuilt
+    assert redrawn() == []  # nothing new: no figure redrawn
     model.store.append(Event("log", 0, 0, 1.0, {"text": "not a precision event"}))
     view.refresh()
-    assert swaps == []  # the revision did not change
+    assert redrawn() == []  # the revision did not change
     model.store.extend(events[half:])
     view.refresh()
-    assert view.iteration == 2 and swaps == []  # iteration 2 says what 1 said: retitled only
+    assert view.iteration == 2 and redrawn(whole=True) == []  # 2 says what 1 said: patched
     for fig in (view.grid_figure, view.bytes_figure, view.collectives_figure):
         assert "rank 0, iteration 2" in fig.layout.title.text
     other = [msgspec.structs.replace(r, iteration=3) for r in model.seen("1", iteration=2)]
     other = [msgspec.structs.replace(r, dtypes=[F32]) if r.phase == "grad" else r for r in other]
     model.store.append(precision_batch(other, step=3, t=2000.0))
     view.refresh()
-    assert view.iteration == 3 and len(swaps) == 3  # bytes, collectives, grid: redrawn
-    swaps.clear()
+    assert view.iteration == 3 and redrawn() == ["grid", "bytes", "collectives"]
+    assert row(traces(view.grid_figure)["observed"], ONE)["grad"] == "fp32"
     view.unit_selector.value = "1"
-    assert swaps == [view.grid_figure]  # only the grid outlines another row
+    assert redrawn() == ["grid"]  # only the grid outlines another row
 
 
 def test_state_given_before_the_widget_exists() -> None:

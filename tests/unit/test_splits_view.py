@@ -39,6 +39,7 @@ from interactive_shard.testing import (
 )
 from interactive_shard.ui import live
 from interactive_shard.ui.text import literal
+from interactive_shard.ui.view_base import LATEST
 
 MIB = 2**20
 
@@ -264,7 +265,8 @@ def test_widget_is_lazy_registered_and_shows_the_latest_compile(splits: SplitsMo
     assert view._widget is None and view.rank == 0 and view.index == 0
     assert isinstance(view.widget, widgets.VBox) and view in live._views
     assert view.rank_selector.options == (("0", 0), ("1", 1))
-    assert view.compile_selector.options == (("latest", -1), ("0 · 2 partition(s) · aot_eager", 0))
+    # 0 follows the latest; the compiles count from 1 (the first: position 0, "compile 0").
+    assert view.compile_selector.options == (("latest", 0), ("0 · 2 partition(s) · aot_eager", 1))
     assert [v for _, v in view.partition_selector.options] == [0, 1]
     assert "Graph splits · rank 0 · compile 0" in view.lanes_figure.layout.title.text
     assert "2 partition(s), backend <code>aot_eager</code>" in view.status_html.value
@@ -379,36 +381,39 @@ def test_a_rank_that_compiled_nothing_shows_the_reason(splits: SplitsModel) -> N
 PRE_EMPTY = PRE.format("(no generated code captured)")
 
 
-def test_refresh_follows_a_live_run_and_skips_needless_redraws(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_refresh_follows_a_live_run_and_skips_needless_redraws() -> None:
     run = fake(compiles=2)
     model = model_of([])
     view = built(model)
     assert "Waiting for" in view.status_html.value and view.details.layout.display == "none"
     model.store.append(split_event(run.compile(0), 0))
     view.refresh()
-    assert [v for _, v in view.compile_selector.options] == [-1, 0] and view.index == 0
+    assert [v for _, v in view.compile_selector.options] == [LATEST, 1] and view.index == 0
     assert "compile 0" in view.lanes_figure.layout.title.text
-    swaps: list[go.FigureWidget] = []
-    monkeypatch.setattr("interactive_shard.splits.view.swap_figure", lambda w, f: swaps.append(w))
+    drawn = {k: (r.draws, r.whole) for k, r in view._redrawn.items()}
+
+    def redrawn(whole: bool = False) -> list[str]:
+        now = {k: (r.draws, r.whole) for k, r in view._redrawn.items()}
+        out = [k for k in now if now[k][whole] != drawn[k][whole]]
+        drawn.update(now)
+        return out
+
     view.refresh()
-    assert swaps == []  # nothing new: no figure rebuilt
+    assert redrawn() == []  # nothing new: no figure redrawn
     model.store.append(Event("log", 0, 0, 1.0, {"text": "not a split event"}))
     view.refresh()
-    assert swaps == []  # the revision did not change
+    assert redrawn() == []  # the revision did not change
     model.store.append(split_event(run.compile(1), 0))
     view.refresh()
-    assert view.index == 1 and swaps == []  # a recompile of the same graph: retitled only
+    assert view.index == 1 and redrawn(whole=True) == []  # a recompile of the same graph
     for fig in (view.lanes_figure, view.compare_figure, view.what_if_figure, view.sweep_figure):
         assert "compile 1" in fig.layout.title.text
     other = fake(layers=4).compile(2)  # another graph
     model.store.append(split_event(other, 0))
     view.refresh()
-    assert view.index == 2 and len(swaps) == 4  # lanes, compare, what-if, sweep
-    swaps.clear()
+    assert view.index == 2 and redrawn() == ["lanes", "compare", "what_if", "sweep"]
     view.cap_slider.value = 2.0
-    assert swaps == [view.what_if_figure, view.sweep_figure]
+    assert redrawn() == ["what_if", "sweep"]
 
 
 def test_state_given_before_the_widget_exists() -> None:
@@ -420,9 +425,9 @@ def test_state_given_before_the_widget_exists() -> None:
         {"bucket_cap_mb": 0.5, "first_bucket_cap_mb": 0.25},
     )
     view.widget  # noqa: B018
-    assert view.compile_selector.value == 0 and view.partition_selector.value == 1
+    assert view.compile_selector.value == 1 and view.partition_selector.value == 1
     assert view.cap_slider.value == pytest.approx(0.5)
     expected = model.plan(1, 0, bucket_cap_mb=0.5, first_bucket_cap_mb=0.25)
     assert planned_count(view.what_if_figure) == len(expected.partitions)
-    view.compile_selector.value = -1
+    view.compile_selector.value = LATEST
     assert view.index == 1 and "compile 1" in view.lanes_figure.layout.title.text

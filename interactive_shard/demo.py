@@ -162,6 +162,12 @@ def run_demo(out: Path, steps: int = 30, compiled_steps: int = 3, precision_step
         comparison = precision.compare(precision.plan)
         if not comparison.matches:
             log.warning("precision: observed differs from the plan: %s", comparison.differences)
+    ledger = run.model("collectives")  # run.collectives: every rank recorded it
+    divergence = ledger.divergence()
+    if divergence is None:
+        log.info("ledger: %d collectives, the ranks agree", len(ledger))
+    else:
+        log.warning("ledger: %s", divergence.message)
     run.save(out / "run.jsonl")
     index = run.to_html(out / "index.html")
     log.info("demo finished in %.1f s: %d events", time.monotonic() - started, len(run.store))

@@ -174,6 +174,17 @@ FEATURES: tuple[Feature, ...] = (
         probe="interactive_shard.ddp.probe",
         rank_start="interactive_shard.probing.collective_log:start",  # construction syncs
     ),
+    Feature(
+        name="collectives",
+        title="Collective ledger (divergence and hangs)",
+        model="interactive_shard.collectives.model:CollectivesModel",
+        view="interactive_shard.collectives.view:CollectivesView",
+        summary="interactive_shard.collectives.summary:summary",
+        fake="interactive_shard.collectives.fake:sample",
+        figures="interactive_shard.collectives.figures:report_figures",
+        events="interactive_shard.collectives.events:EVENTS",
+        rank_start="interactive_shard.collectives.recorder:start",  # every collective, no watch
+    ),
 )
 
 

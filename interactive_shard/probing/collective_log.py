@@ -38,7 +38,7 @@ Subscriber = Callable[[Record], None]
 # id(DDP method code) -> caller label; the nearest DDP frame above the call names it.
 # Keyed by id: hashing a code object hashes its bytecode and constants (microseconds);
 # the codes live as long as the DDP class, so their ids stay theirs.
-_CALLERS: dict[int, str] = {}
+CALLERS: dict[int, str] = {}
 for _name, _label in (
     ("__init__", "ddp_init"),
     ("_register_delay_all_reduce_hook", "ddp_init"),
@@ -52,7 +52,7 @@ for _name, _label in (
 ):
     _fn = getattr(DDP, _name, None)
     if _fn is not None:
-        _CALLERS[id(_fn.__code__)] = _label
+        CALLERS[id(_fn.__code__)] = _label
 
 
 @dataclass(eq=False)
@@ -126,7 +126,7 @@ class CollectiveLog:
         for _ in range(DEPTH):
             if frame is None:
                 break
-            label = _CALLERS.get(id(frame.f_code))
+            label = CALLERS.get(id(frame.f_code))
             if label is not None:
                 caller = label
                 this = frame.f_locals.get("self")  # only on DDP frames: rare

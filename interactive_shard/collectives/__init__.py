@@ -1,0 +1,1 @@
+"""The collective ledger: every collective each rank issued, the first divergence, hangs."""

@@ -103,119 +103,83 @@ def signature(e: LedgerEntry) -> Signature:
     return e.op, e.dtype, tuple(e.shape)
 
 
-def divergence(
-    entries: Mapping[int, Mapping[tuple[str, int], LedgerEntry]],
-    issued: Mapping[int, Mapping[str, int]],
-    still: Mapping[int, Still],
-    *,
-    over: bool = False,
-    groups: Mapping[str, list[int]] | None = None,
-) -> Divergence | None:
-    """The first divergence of any group (groups by name), or None. ``entries``: rank ->
-    (group, seq) -> entry; ``issued``: rank -> group -> collectives issued; ``still``: the
-    ranks standing still; ``over``: the run ended (a rank that never issued a seq will
-    not)."""
-    names = sorted({g for per in entries.values() for g, _ in per})
-    found = []
-    for group in names:
-        members = sorted((groups or {}).get(group) or _members(entries, issued, group))
-        d = _first_in_group(group, members, entries, issued, still, over)
-        if d is not None:
-            found.append(d)
-    return min(found, key=lambda d: (d.seq, d.group)) if found else None
+# One group's ledger: rank -> seq -> entry; and each rank's position (collectives issued).
+Table = Mapping[int, Mapping[int, LedgerEntry]]
 
 
-def _members(
-    entries: Mapping[int, Mapping[tuple[str, int], LedgerEntry]],
-    issued: Mapping[int, Mapping[str, int]],
-    group: str,
-) -> list[int]:
-    return sorted(
-        r
-        for r in set(entries) | set(issued)
-        if group in issued.get(r, {}) or any(g == group for g, _ in entries.get(r, {}))
-    )
+@dataclass(frozen=True)
+class GroupState:
+    """One process group as the analysis reads it: its members, each member's entries
+    and position (None: the rank reported nothing of the group: unknown)."""
+
+    name: str
+    members: list[int]
+    entries: Table
+    at: Mapping[int, int | None]
 
 
-def position(
-    rank: int,
-    group: str,
-    entries: Mapping[int, Mapping[tuple[str, int], LedgerEntry]],
-    issued: Mapping[int, Mapping[str, int]],
-) -> int:
-    """Collectives ``rank`` issued in ``group``: its counter, or past its last entry."""
-    seqs = [s for g, s in entries.get(rank, {}) if g == group]
-    return max(issued.get(rank, {}).get(group, 0), max(seqs) + 1 if seqs else 0)
-
-
-def _first_in_group(
-    group: str,
-    members: list[int],
-    entries: Mapping[int, Mapping[tuple[str, int], LedgerEntry]],
-    issued: Mapping[int, Mapping[str, int]],
-    still: Mapping[int, Still],
-    over: bool,
-) -> Divergence | None:
-    if len(members) < 2:
-        return None
-    at = {r: position(r, group, entries, issued) for r in members}
-    mine = {r: entries.get(r, {}) for r in members}
-    reported = {r for r in members if r in issued or r in entries}  # the others: unknown
-    seqs = sorted({s for r in members for g, s in mine[r] if g == group})
+def first_divergence(
+    group: GroupState, still: Mapping[int, Still], *, over: bool, start: int = 0
+) -> tuple[Divergence | None, int]:
+    """The group's first divergence at or after ``start``, and the first sequence number
+    not yet settled (every member past it, all agreeing): a later call starts there."""
+    members = [r for r in group.members if group.at.get(r) is not None]
+    if len(group.members) < 2 or len(members) < 1:
+        return None, start
+    at = {r: int(group.at[r] or 0) for r in members}
+    mine = {r: group.entries.get(r, {}) for r in group.members}
+    seqs = sorted({s for r in members for s in mine[r] if s >= start})
+    settled = start
+    unknown = len(members) < len(group.members)  # a member that said nothing: not settled
     for seq in seqs:
-        here = {r: mine[r].get((group, seq)) for r in members}
+        here = {r: mine[r].get(seq) for r in group.members}
         present = {r: e for r, e in here.items() if e is not None}
-        absent = [r for r in members if at[r] <= seq and r in reported]  # not issued (yet)
-        sigs = {r: signature(e) for r, e in present.items()}
-        if len(set(sigs.values())) > 1 or _callers_shifted(group, seq, present, mine):
-            return _classify(group, seq, members, here, present, mine)
-        if absent and present:
+        absent = [r for r in members if at[r] <= seq]  # not issued (yet)
+        sigs = {signature(e) for e in present.values()}
+        if len(sigs) > 1 or _callers_shifted(seq, present, mine):
+            return _classify(group.name, seq, group.members, here, present, mine), settled
+        if absent:
             waited = [r for r in present if r in still and still[r].in_collective]
-            if over or (waited and _last(group, seq, present, mine)):
-                per_rank = {r: here[r] for r in members}
-                return Divergence("missing", group, seq, absent, per_rank, FIXES["missing"])
-    return None
+            if over or (waited and _last(seq, present, mine)):
+                per_rank = dict(here)
+                missing = Divergence("missing", group.name, seq, absent, per_rank, FIXES["missing"])
+                return missing, settled
+        elif (
+            not unknown
+            and settled == seq
+            and len(present) == len(members)
+            and all(seq + 1 in mine[r] for r in members)
+        ):
+            settled = seq + 1  # all agree, and every next one arrived: settled for good
+    return None, settled
 
 
-def _last(
-    group: str,
-    seq: int,
-    present: Mapping[int, LedgerEntry],
-    mine: Mapping[int, Mapping[tuple[str, int], LedgerEntry]],
-) -> bool:
+def _last(seq: int, present: Mapping[int, LedgerEntry], mine: Table) -> bool:
     """``seq`` is the newest collective of every rank that issued it (where they wait)."""
-    return all((group, seq + 1) not in mine[r] for r in present)
+    return all(seq + 1 not in mine[r] for r in present)
 
 
-def _callers_shifted(
-    group: str,
-    seq: int,
-    present: Mapping[int, LedgerEntry],
-    mine: Mapping[int, Mapping[tuple[str, int], LedgerEntry]],
-) -> bool:
+def _callers_shifted(seq: int, present: Mapping[int, LedgerEntry], mine: Table) -> bool:
     """Same collective, different callers, and one rank's next is another's this: a
     collective issued on some ranks only, paired by the backend with the others' next."""
     callers = {e.caller for e in present.values()}
     if len(callers) < 2 or "" in callers:
         return False
-    return _shift(group, seq, present, mine) is not None
+    return _shift(seq, present, mine) is not None
 
 
 def _shift(
-    group: str,
-    seq: int,
-    present: Mapping[int, LedgerEntry],
-    mine: Mapping[int, Mapping[tuple[str, int], LedgerEntry]],
+    seq: int, present: Mapping[int, LedgerEntry], mine: Table
 ) -> tuple[list[int], list[int]] | None:
     """(ranks with an extra collective at seq, the others) when an extra rank's entry at
     seq + 1 matches (signature and caller) the others' at seq."""
     for x in sorted(present):
-        after = mine[x].get((group, seq + 1))
+        after = mine[x].get(seq + 1)
         if after is None or _same(present[x], after):
             continue
         rest = [r for r in present if _same(present[r], after)]
         extras = [r for r in present if r not in rest]
-        nexts = [mine[e].get((group, seq + 1)) for e in extras]
+        nexts = [mine[e].get(seq + 1) for e in extras]
         if rest and all(n is not None and _same(n, after) for n in nexts):
             return extras, rest
     return None
@@ -231,7 +195,7 @@ def _classify(
     members: list[int],
     here: Mapping[int, LedgerEntry | None],
     present: Mapping[int, LedgerEntry],
-    mine: Mapping[int, Mapping[tuple[str, int], LedgerEntry]],
+    mine: Table,
 ) -> Divergence:
     per_rank = {r: here[r] for r in members}
     # order: two ranks hold each other's next collective (their callers may differ: the
@@ -240,7 +204,7 @@ def _classify(
         for b in present:
             if a >= b or signature(present[a]) == signature(present[b]):
                 continue
-            na, nb = mine[a].get((group, seq + 1)), mine[b].get((group, seq + 1))
+            na, nb = mine[a].get(seq + 1), mine[b].get(seq + 1)
             if (
                 na is not None
                 and nb is not None
@@ -250,7 +214,7 @@ def _classify(
                 like_b = {r for r in present if signature(present[r]) == signature(present[b])}
                 odd = _minority(present, like_b)
                 return Divergence("order", group, seq, odd, per_rank, FIXES["order"])
-    shifted = _shift(group, seq, present, mine)
+    shifted = _shift(seq, present, mine)
     if shifted is not None:  # an extra collective on some ranks: the others miss it
         _, missing = shifted
         return Divergence("missing", group, seq, sorted(missing), per_rank, FIXES["missing"])
@@ -273,25 +237,12 @@ def _minority(present: Mapping[int, LedgerEntry], one_side: set[int]) -> list[in
     return sorted(other if min(present) in one_side else one_side)
 
 
-def waiting_for(
-    entries: Mapping[int, Mapping[tuple[str, int], LedgerEntry]],
-    issued: Mapping[int, Mapping[str, int]],
-    still: Mapping[int, Still],
-    groups: Mapping[str, list[int]] | None = None,
-) -> list[int]:
-    """The ranks the others wait for: in a group where some rank stands still inside a
-    collective at its position, the members that have not issued that collective."""
-    out: set[int] = set()
-    names = sorted(
-        {g for per in issued.values() for g in per}
-        | {g for per in entries.values() for g, _ in per}
-    )
-    for group in names:
-        members = sorted((groups or {}).get(group) or _members(entries, issued, group))
-        at = {r: position(r, group, entries, issued) for r in members}
-        waiting = [r for r in members if r in still and still[r].in_collective]
-        if not waiting:
-            continue
-        front = max(at[r] for r in waiting)  # the newest collective a waiting rank issued
-        out.update(r for r in members if at[r] < front and r not in waiting)
-    return sorted(out)
+def waiting_for(group: GroupState, still: Mapping[int, Still]) -> list[int]:
+    """The ranks the others wait for in ``group``: where some member stands still inside
+    a collective at its position, the members that have not issued that collective."""
+    at = {r: n for r, n in group.at.items() if n is not None}
+    waiting = [r for r in at if r in still and still[r].in_collective]
+    if not waiting:
+        return []
+    front = max(at[r] for r in waiting)  # the newest collective a waiting rank issued
+    return sorted(r for r in group.members if r in at and at[r] < front and r not in waiting)

@@ -26,10 +26,7 @@ def report_figures(model: CollectivesModel) -> list[go.Figure]:
 
 def _groups(model: CollectivesModel) -> list[str]:
     """The groups with entries, the most used first."""
-    counts: dict[str, int] = {}
-    for rank in model.ranks:
-        for e in model.entries(rank):
-            counts[e.group] = counts.get(e.group, 0) + 1
+    counts = model.counts()
     return sorted(counts, key=lambda g: (-counts[g], g))
 
 
@@ -39,15 +36,17 @@ def ledger_figure(model: CollectivesModel, group: str | None = None) -> go.Figur
     if group is None:
         group = groups[0] if groups else ""
     ranks = model.ranks
-    per_rank = {r: {e.seq: e for e in model.entries(r, group)} for r in ranks}
-    seqs = sorted({s for mine in per_rank.values() for s in mine})
-    if not seqs:
+    span = model.seq_range(group)
+    if span is None:
         return figure([], {"title": {"text": "No collectives recorded yet"}, "height": 200})
     d = model.divergence()
     here = d if d is not None and d.group == group else None
-    first, last = _window(seqs, here.seq if here is not None else None)
-    shown = [s for s in seqs if first <= s <= last]
-    ops = sorted({e.op for mine in per_rank.values() for e in mine.values()})
+    first, last = _window(span, here.seq if here is not None else None)
+    table = model.table(group)
+    per_rank = {r: table.get(r, {}) for r in ranks}
+    shown = [s for s in range(first, last + 1) if any(s in mine for mine in per_rank.values())]
+    total = sum(map(len, per_rank.values()))
+    ops = sorted({e.op for mine in per_rank.values() for s in shown if (e := mine.get(s))})
     z, text = [], []
     for r in ranks:
         row, tips = [], []
@@ -104,8 +103,8 @@ def ledger_figure(model: CollectivesModel, group: str | None = None) -> go.Figur
             f"pending (shaded) at #{pending[-1]}"
             + (f": waiting for rank(s) {', '.join(map(str, late))}" if late else "")
         )
-    if len(shown) < len(seqs):
-        notes.append(f"showing #{first}–#{last} of {len(seqs):,} recorded")
+    if (first, last) != span:
+        notes.append(f"showing #{first}–#{last} of #{span[0]}–#{span[1]} ({total:,} recorded)")
     title = f"Collectives of group {literal(group)}, by rank and sequence number"
     if notes:
         title += "<br><sub>" + literal(" · ".join(notes)) + "</sub>"
@@ -120,13 +119,14 @@ def ledger_figure(model: CollectivesModel, group: str | None = None) -> go.Figur
     return figure(traces, layout)
 
 
-def _window(seqs: list[int], focus: int | None) -> tuple[int, int]:
+def _window(span: tuple[int, int], focus: int | None) -> tuple[int, int]:
     """The sequence numbers shown: ``WINDOW`` around ``focus``, else the newest."""
-    if seqs[-1] - seqs[0] < WINDOW:
-        return seqs[0], seqs[-1]
+    low, high = span
+    if high - low < WINDOW:
+        return low, high
     if focus is None:
-        return seqs[-1] - WINDOW + 1, seqs[-1]
-    first = max(seqs[0], focus - WINDOW // 2)
+        return high - WINDOW + 1, high
+    first = min(max(low, focus - WINDOW // 2), high - WINDOW + 1)
     return first, first + WINDOW - 1
 
 

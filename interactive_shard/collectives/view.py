@@ -10,7 +10,29 @@ import ipywidgets as widgets
 
 from interactive_shard.collectives.figures import _groups, ledger_figure
 from interactive_shard.collectives.model import CollectivesModel
+from interactive_shard.ui import live
 from interactive_shard.ui.view_base import PanelView, heading, selector
+
+REFRESH_BUDGET_S, POLL_BUDGET_S = 0.02, 0.05  # reading 100k new collectives: see Budget
+
+
+class _Backlog:
+    """The model as ``ui.live.CatchUp`` reads it (``pending``: events not read yet;
+    the model's own ``pending()`` is the collectives the ranks wait in)."""
+
+    def __init__(self, model: CollectivesModel) -> None:
+        self.model, self.store, self.budget = model, model.store, model.budget
+
+    @property
+    def pending(self) -> int:
+        return self.model.backlog
+
+    @pending.setter
+    def pending(self, _value: int) -> None:  # the model counts it
+        pass
+
+    def update(self) -> bool:
+        return self.model.update()
 
 
 class CollectivesView(PanelView[CollectivesModel]):
@@ -19,6 +41,13 @@ class CollectivesView(PanelView[CollectivesModel]):
     def __init__(self, model: CollectivesModel, group: str | None = None) -> None:
         super().__init__(model)
         self.chosen_group = group
+        self._catch_up = live.CatchUp(self, REFRESH_BUDGET_S, POLL_BUDGET_S)
+        self._backlog = _Backlog(model)
+
+    def refresh(self) -> None:
+        """Every read of the model in a refresh is under its budget (see ``CatchUp``)."""
+        with self._catch_up(self._backlog):
+            super().refresh()
 
     @property
     def group(self) -> str:
@@ -49,9 +78,11 @@ class CollectivesView(PanelView[CollectivesModel]):
 
     def _redraw(self) -> None:
         model = self.model
-        n = len(model)
-        self.status_html.value = f"<b>{n:,} collectives</b> from {len(model.ranks)} rank(s)" + (
-            f" · {model.skipped} unreadable events skipped" if model.skipped else ""
+        n = sum(model.counts().values())
+        self.status_html.value = (
+            f"<b>{n:,} collectives</b> from {len(model.ranks)} rank(s)"
+            + (f" · reading {model.backlog:,} more reports" if model.backlog else "")
+            + (f" · {model.skipped} unreadable events skipped" if model.skipped else "")
         )
         if not self._changed("ledger", (model.revision, self.group)):
             return

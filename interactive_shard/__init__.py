@@ -10,6 +10,9 @@ run.results, run.save("run.jsonl"), run.to_html("run.html")
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
+
 __version__ = "0.2.0.dev0"
 
 from interactive_shard.buckets.plan import plan_buckets
@@ -22,8 +25,8 @@ from interactive_shard.cluster import (
     Run,
     launch,
     listen,
-    load,
 )
+from interactive_shard.cluster import load as _load_recording
 from interactive_shard.example_inputs import Inputs
 from interactive_shard.precision.plan import plan_precision
 from interactive_shard.splits.plan import plan_splits
@@ -44,8 +47,45 @@ __all__ = [
     "launch",
     "listen",
     "load",
+    "load_flight_recorder",
     "plan_buckets",
     "plan_precision",
     "plan_splits",
     "watch",
 ]
+
+
+def load_flight_recorder(
+    paths: str
+    | os.PathLike[str]
+    | Sequence[str | os.PathLike[str]]
+    | Mapping[int, str | os.PathLike[str]],
+) -> Run:
+    """A run from torch's own Flight Recorder dumps of a job (torchrun, NCCL or gloo):
+    ``run.collectives`` lines up what every rank issued, and names a divergence, the
+    collectives pending and the ranks the others wait for.
+
+    ``paths``: one file per rank, pickle (``TORCH_FR_DUMP_TEMP_FILE`` dumps,
+    ``_dump_fr_trace()``) or JSON (``_dump_fr_trace_json()``); a list (the digits ending
+    each name are its rank, as torch names them; else the list's order) or
+    ``{rank: path}``. The files are read as untrusted: a pickle that would run code, a
+    damaged or oversized file is a ``RecordingError`` saying what is wrong.
+    """
+    from interactive_shard.collectives.dumps import read_dumps  # the feature, on demand
+
+    return Run(read_dumps(paths))
+
+
+def load(
+    path: str
+    | os.PathLike[str]
+    | Sequence[str | os.PathLike[str]]
+    | Mapping[int, str | os.PathLike[str]],
+) -> Run:
+    """Rebuild a saved run (``run.save(path)``) without starting any process; a list,
+    tuple or ``{rank: path}`` of Flight Recorder dumps is ``load_flight_recorder``'s."""
+    if isinstance(path, list | tuple | Mapping):
+        return load_flight_recorder(path)
+    if isinstance(path, str | os.PathLike):
+        return _load_recording(path)
+    raise TypeError(f"ish.load takes a path, or a list of Flight Recorder dumps; not {path!r}")

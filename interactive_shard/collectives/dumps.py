@@ -28,7 +28,8 @@ Algorithm (``read_dump``), each refusal a ``RecordingError`` naming the file:
    highest ``collective_seq_id``, groups come from ``pg_config`` where it names them.
 
 Caveats: a dump has no ``still`` report, so a rank whose newest collective is not
-completed is read as waiting in it (a dump taken at a hang), with that entry's stack.
+completed is read as waiting in it (a dump taken at a hang, or racing the collective's
+retirement: ``probing/compat/flight_recorder.py``), with that entry's stack.
 The ranks' dumps are snapshots, perhaps taken at different moments.
 """
 
@@ -180,7 +181,9 @@ def _from_json(data: bytes) -> FrDump:
     try:
         return decode_json(data)
     except msgspec.ValidationError as err:
-        raise _Refused(_invalid(err, lambda: msgspec.json.decode(data))) from None
+        # decoded again untyped, only to show the value (a large file's would cost GBs)
+        small = len(data) <= 16 * 1024 * 1024
+        raise _Refused(_invalid(err, lambda: msgspec.json.decode(data) if small else {})) from None
     except msgspec.DecodeError as err:
         raise _Refused(f"it is not valid JSON ({err}; a truncated file?)") from None
     except RecursionError:

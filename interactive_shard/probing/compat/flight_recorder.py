@@ -13,6 +13,20 @@ Measured here on torch 2.11.0, 2.13.0 and 2.15.0 with gloo (the same on each):
   ``onlyActive`` (gloo entries are never "active" in its sense): read it rarely.
 - ``ProcessGroup._get_sequence_number_for_group()``: collectives issued in the group so
   far (the ``collective_seq_id`` of the last one), cheap (a C++ counter).
+
+Dump files (``ish.load_flight_recorder``), measured on 2.11.0, 2.12.1, 2.13.0, 2.14.1 and
+2.15.0 with gloo (2026-12; no NCCL here): ``_dump_fr_trace()`` (what
+``TORCH_FR_DUMP_TEMP_FILE<rank>`` files hold) is a protocol-2 pickle of plain data only
+(dict, list, tuple, str, int, bool, None: no global), format ``version`` "2.10" on all.
+Against the JSON form its entries add ``frames`` (the stack, innermost first, frame dicts
+shared among entries through the pickle's memo), hold ``process_group`` as a tuple and
+``time_discovered_*_ns`` as None where JSON says 0, and the dump has no
+``nccl_comm_state``; ``pg_status`` values are ints (strings in JSON). ``pg_config`` of a
+gloo job has one group keyed ``""`` whose ``ranks`` text is ``"[]"`` up to 2.13 and
+``"[0, 1]"`` from 2.14 (the ledger infers members from the entries). 2.15 adds a
+``backend="gloo"`` argument to both dump functions (one recorder per backend). A dump
+taken just after a collective returned may hold it unretired (a race, seen for a barrier
+on 2.11 and 2.13): the ledger reads it as pending.
 """
 
 from __future__ import annotations

@@ -378,5 +378,15 @@ def start() -> LedgerRecorder | None:
         return _recorder
 
 
+def stop() -> None:
+    """Stop and forget the process's recorder (``start`` makes a new one): its listener,
+    flush hook and thread go; torch's Flight Recorder stays on."""
+    global _recorder
+    with _start_lock:
+        if _recorder is not None:
+            _recorder.stop()
+            _recorder = None
+
+
 def recorder() -> LedgerRecorder | None:
     return _recorder

@@ -137,6 +137,7 @@ class CollectivesModel(ShowsView):
     @property
     def skipped(self) -> int:
         """Events that could not be read: logged, not kept."""
+        self.update()
         return self._cursor.skipped
 
     # -- what was recorded ------------------------------------------------------------------

@@ -87,7 +87,8 @@ class LedgerRecorder:
     """The process's recorder (``start``); its thread sends, the listener notes."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the listener's notes
+        self._ticking = threading.Lock()  # one tick at a time
         self._new: list[LedgerEntry] = []
         self._callers: collections.OrderedDict[tuple[str, int], str] = collections.OrderedDict()
         self._done: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
@@ -155,7 +156,14 @@ class LedgerRecorder:
                 log.exception("ledger: a tick failed")
 
     def tick(self, *, read: bool = False) -> None:
-        """Send what is new; when the rank stands still in a run, say where it is."""
+        """Send what is new; when the rank stands still in a run, say where it is. (The
+        thread and a flush on the main thread may tick at once: one at a time.)"""
+        if telemetry.emitter() is None:
+            return  # not connected yet (the rank starts us before its emitter): keep it all
+        with self._ticking:
+            self._tick(read)
+
+    def _tick(self, read: bool) -> None:
         now = _monotonic()
         position = self._read_position()
         run = telemetry.current_run()
@@ -180,7 +188,7 @@ class LedgerRecorder:
             entries, self._new = self._new, []
         if read:
             entries += self._read_flight_recorder(stack if inside else [])
-        if (entries or moved or still is not None) and telemetry.emitter() is not None:
+        if entries or moved or still is not None:
             self._send(entries, position, still, inside, stack)
 
     def flush(self) -> None:

@@ -123,6 +123,31 @@ def test_a_different_shape_or_dtype_names_the_rank(ranks: ish.Cluster, fn: Any, 
     assert d.per_rank[1] is not None and d.per_rank[1].caller.endswith(f" in {fn.__name__}")
 
 
+def other_op_on_rank_one(ctx: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(4)
+    if ctx.rank == 1:
+        dist.broadcast(t, 0)  # another collective: the others all-reduce; both wait
+    else:
+        dist.all_reduce(t)
+
+
+@pytest.mark.slow
+def test_another_op_is_named_and_every_rank_waits(ranks: ish.Cluster) -> None:
+    run, took = _run(ranks, other_op_on_rank_one)
+    d = run.collectives.divergence()
+    assert d is not None and (d.kind, d.ranks) == ("op", [1])
+    theirs = d.per_rank[1]
+    assert theirs is not None and theirs.op == "broadcast"
+    assert theirs.caller.endswith(
+        f":{_line(other_op_on_rank_one, 'another collective')} in other_op_on_rank_one"
+    )
+    assert run.collectives.waiting_for() == []  # nobody is behind: they disagree
+    assert took < TIMEOUT + 10
+
+
 def swapped(ctx: Any) -> None:
     import torch
     import torch.distributed as dist

@@ -45,6 +45,7 @@ from types import FrameType
 from typing import Any
 
 import msgspec
+import torch
 
 from interactive_shard.collectives.events import Ledger, LedgerEntry, LedgerGroup
 from interactive_shard.collectives.flight_recorder import decode_json, to_ledger
@@ -118,6 +119,11 @@ class LedgerRecorder:
         first: Any,
         pg: Any,
     ) -> None:
+        if torch.compiler.is_compiling():
+            # Traced by dynamo (DDP's buffer broadcast in a compiled forward): not issued
+            # now, and a process group's counter is nothing dynamo can trace (it would
+            # drop the whole frame to eager). The run's Flight Recorder notes it.
+            return
         name = str(detail.get("group", "?"))
         issued = compat_fr.issued(pg) if pg is not None else None
         if issued is None or issued < 1:

@@ -36,6 +36,7 @@ from interactive_shard.probing.collectives import FUNCTIONS, Pick
 from interactive_shard.probing.compat import fsdp as compat_fsdp
 
 log = logging.getLogger(__name__)
+_UNSENT: set[PrecisionRecorder] = set()  # recorders holding records not sent yet
 
 _CALL_IMPL = nn.Module._call_impl.__code__
 _FIRST_ONLY = frozenset({"input", "output"})  # a unit's first call per iteration
@@ -165,6 +166,7 @@ class PrecisionRecorder(Attachment):
             cast=cast or [],
         )
         with self._hold_lock:
+            self._hold()
             self._held.append(record)
             full = len(self._held) >= SEND_AT
         if full:
@@ -182,16 +184,26 @@ class PrecisionRecorder(Attachment):
             backward=in_backward(),
         )
         with self._hold_lock:
+            self._hold()
             self._held_collectives.append(record)
             full = len(self._held_collectives) >= SEND_AT
         if full:
             self.send()
+
+    def _hold(self) -> None:
+        """Records are about to be held (under ``_hold_lock``): until they are sent, the
+        recorder stays alive. A user who drops the model and the handle before the run's
+        end flush would otherwise lose them: the flush hook holds the recorder weakly, and
+        the garbage collector may take it (a cycle with its hooks) before the flush."""
+        if not self._held and not self._held_collectives:
+            _UNSENT.add(self)
 
     def send(self) -> None:
         """Emit the records held so far as one ``precision_batch`` (nothing if none)."""
         with self._hold_lock:
             seen, self._held = self._held, []
             collectives, self._held_collectives = self._held_collectives, []
+            _UNSENT.discard(self)
         if seen or collectives:
             self.recorded += len(seen) + len(collectives)
             self.emit(PrecisionBatch(seen=seen, collectives=collectives))

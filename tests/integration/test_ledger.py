@@ -182,13 +182,18 @@ def never_arrives(ctx: Any) -> None:
 @pytest.mark.slow
 def test_a_hang_names_the_rank_the_others_wait_for(ranks: ish.Cluster) -> None:
     run = ranks.run(never_arrives, wait=False)
-    deadline = time.monotonic() + TIMEOUT + 2
-    while time.monotonic() < deadline and run.collectives.waiting_for() != [1]:
-        time.sleep(0.2)
+    others = [r for r in range(ranks.nprocs) if r != 1]
     ledger = run.collectives
+
+    def named() -> bool:  # each rank reports once it stood still for a second
+        waiting = sorted(r for r, e in ledger.pending().items() if e is not None)
+        return ledger.waiting_for() == [1] and waiting == others and 1 in ledger.still()
+
+    deadline = time.monotonic() + TIMEOUT + 2
+    while time.monotonic() < deadline and not named():
+        time.sleep(0.2)
     assert ledger.waiting_for() == [1]  # live, before the timeout ended the run
-    waiting = {r: e for r, e in ledger.pending().items() if e is not None}
-    assert sorted(waiting) == [r for r in range(ranks.nprocs) if r != 1]
+    assert sorted(r for r, e in ledger.pending().items() if e is not None) == others
     here = ledger.still()[1].stack[-1]
     assert here.endswith(f":{_line(never_arrives, 'never arrives')} in never_arrives")
     with pytest.raises(ish.RankError):

@@ -173,9 +173,10 @@ class LedgerRecorder:
         now = _monotonic()
         position = self._read_position()
         run = telemetry.current_run()
-        moved = position != self._position or run != self._run
-        if run != self._run:  # each run's store is its own: say the groups again
-            self._run, self._announced = run, set()
+        moved = position != self._position
+        if run != self._run:  # each run's store is its own: say the groups again (with
+            # the run's first report: a run without collectives records no ledger)
+            self._run, self._announced, self._stage = run, set(), 0
         if moved:
             self._position, self._moved, self._stage = position, now, 0
         still: float | None = None

@@ -122,9 +122,16 @@ def to_ledger(
     retired is ``unfinished``: pending in a dump taken at a hang, issued (completion not
     seen: the recorder retires entries lazily) in one read while the rank moves on."""
     callers = callers or {}
+    # A (group, seq) seen twice is an older process group's: a forked rank inherits its
+    # parent's ring, and a group made again counts from 1. The newest record holds.
+    newest = {
+        (e.process_group[0], e.collective_seq_id): e.record_id for e in dump.entries if not e.is_p2p
+    }
     out = []
     for e in dump.entries:
         if e.is_p2p or e.record_id <= after or e.collective_seq_id < 1:
+            continue
+        if newest[(e.process_group[0], e.collective_seq_id)] != e.record_id:
             continue
         group, seq = e.process_group[0], e.collective_seq_id - 1
         shape = e.input_sizes[0] if e.input_sizes else []

@@ -21,18 +21,12 @@ _MISSING = "#FFFFFF"
 
 
 def report_figures(model: CollectivesModel) -> list[go.Figure]:
-    return [ledger_figure(model, group) for group in _groups(model)[:4]]
-
-
-def _groups(model: CollectivesModel) -> list[str]:
-    """The groups with entries, the most used first."""
-    counts = model.counts()
-    return sorted(counts, key=lambda g: (-counts[g], g))
+    return [ledger_figure(model, group) for group in model.busiest()[:4]]
 
 
 def ledger_figure(model: CollectivesModel, group: str | None = None) -> go.Figure:
     """``group``'s ledger (default: the busiest), ``WINDOW`` sequence numbers at most."""
-    groups = _groups(model)
+    groups = model.busiest()
     if group is None:
         group = groups[0] if groups else ""
     ranks = model.ranks

@@ -158,6 +158,11 @@ class CollectivesModel(ShowsView):
         self.update()
         return {g: sum(map(len, per.values())) for g, per in self._tables.items()}
 
+    def busiest(self) -> list[str]:
+        """The groups with entries, the most used first (what the view and report show)."""
+        counts = self.counts()
+        return sorted(counts, key=lambda g: (-counts[g], g))
+
     def table(self, group: str) -> dict[int, dict[int, LedgerEntry]]:
         """``group``'s entries as rank -> seq -> entry (the model's own: do not change)."""
         self.update()

@@ -8,7 +8,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from interactive_shard.collectives.figures import _groups, ledger_figure
+from interactive_shard.collectives.figures import ledger_figure
 from interactive_shard.collectives.model import CollectivesModel
 from interactive_shard.ui import live
 from interactive_shard.ui.view_base import PanelView, heading, selector
@@ -51,7 +51,7 @@ class CollectivesView(PanelView[CollectivesModel]):
 
     @property
     def group(self) -> str:
-        groups = _groups(self.model)
+        groups = self.model.busiest()
         if self.chosen_group is not None:
             return self.chosen_group
         return groups[0] if groups else ""
@@ -72,7 +72,7 @@ class CollectivesView(PanelView[CollectivesModel]):
         self.chosen_group = self.group_selector.value
 
     def _selections(self) -> list[Any]:
-        groups = _groups(self.model)
+        groups = self.model.busiest()
         group = self.group
         return [(self.group_selector, sorted({*groups, group} - {""}), group or None)]
 

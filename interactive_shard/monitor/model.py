@@ -16,7 +16,7 @@ import numpy as np
 from interactive_shard.telemetry._columns import Column
 from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.rank_state import RankState
-from interactive_shard.telemetry.run_events import Log, Progress, Scalar, State
+from interactive_shard.telemetry.run_events import Log, Progress, RankInfo, Scalar, State
 from interactive_shard.telemetry.schema import Event
 from interactive_shard.telemetry.store import RunStore, ScalarColumns
 
@@ -31,6 +31,8 @@ class RankStatus:
     step: int = 0
     total: int | None = None
     detail: str = ""
+    host: str = ""  # where it runs (its RankInfo; empty until it says)
+    node: int = 0
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
 
 
@@ -90,7 +92,7 @@ class MonitorModel:
         # scalar name -> rank -> series
         self.scalars: dict[str, dict[int, Series]] = {}
         self._scalars = Cursor(store, {Scalar.KIND: Scalar})  # decodes what does not fit
-        self._cursor = Cursor(store, {k.KIND: k for k in (Progress, Log, State)})
+        self._cursor = Cursor(store, {k.KIND: k for k in (Progress, Log, State, RankInfo)})
         self._row = 0  # the store's scalar row up to which scalars were read
         self._others = 0  # log position up to which the other kinds' steps were read
         self._outside = 0  # events of a rank outside the run
@@ -124,6 +126,9 @@ class MonitorModel:
                 elif e.kind == Log.KIND:
                     status.logs.append(record.text)
                     continue  # noted in the kernel at step 0: says nothing of the step
+                elif e.kind == RankInfo.KIND:
+                    status.host, status.node = record.host, record.node
+                    continue
                 else:
                     status.state, status.detail = record.state, record.detail
                 status.step = max(status.step, e.step)

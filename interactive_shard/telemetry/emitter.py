@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
+import socket
 import struct
 import threading
 import time
@@ -22,6 +24,8 @@ import msgspec
 import zmq
 
 from interactive_shard.telemetry import schema
+from interactive_shard.telemetry.meter import Meter
+from interactive_shard.telemetry.run_events import RankInfo
 from interactive_shard.telemetry.schema import (
     MAX_MESSAGE_BYTES,
     MAX_STEP,
@@ -109,25 +113,35 @@ class Emitter:
         self._step = 0
         self.dropped = 0  # events that never left: see the module docstring
         self.taken = 0  # events of the current run taken from the buffer to send (or drop)
-        self._token = schema.token_field(token)
+        self.sending = Meter()  # the background flushes' own time (Overhead "sending")
         self._max_batch = max_batch
         self._buffer: list[_Buffered] = []
         self._lock = threading.Lock()
-        self._encoder = msgspec.msgpack.Encoder()
         self._stalled = False  # the last send timed out: try without waiting
         self._warned: set[str] = set()
+        self._closed = False
+        self._interval = flush_interval
+        self._open(address, token, SEND_TIMEOUT_S if send_timeout is None else send_timeout)
+        self._where = rank_info()
+        self._thread = threading.Thread(target=self._flush_loop, name="ish-emitter", daemon=True)
+        self._thread.start()
+
+    def _open(self, address: str, token: str, send_timeout: float) -> None:
+        """Open the transport (a ZeroMQ PUSH socket to ``address``)."""
+        self._token = schema.token_field(token)
+        self._encoder = msgspec.msgpack.Encoder()
         self._address = address
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.PUSH)
         self._sock.setsockopt(zmq.SNDHWM, SEND_QUEUE_BATCHES)
-        send_timeout = SEND_TIMEOUT_S if send_timeout is None else send_timeout
         self._sock.setsockopt(zmq.SNDTIMEO, max(1, int(send_timeout * 1000)))
         self._sock.connect(address)
         self._send_timeout = send_timeout
-        self._closed = False
-        self._interval = flush_interval
-        self._thread = threading.Thread(target=self._flush_loop, name="ish-emitter", daemon=True)
-        self._thread.start()
+
+    def announce(self) -> None:
+        """Say where this rank runs (``RankInfo``): first in each run (``start_run``), and
+        once connected (``rank.connect``, ``rank.record``)."""
+        self.emit(RankInfo.KIND, {**self._where, "wall": time.time()})
 
     def emit_fields(self, kind: str, /, **payload: Any) -> None:
         """``emit(kind, payload)`` with the payload's fields as keywords: ``ctx.emit``.
@@ -197,6 +211,7 @@ class Emitter:
             self.run = run
             self._step = 0
             self.taken = 0
+        self.announce()
 
     def flush(self, *, final: bool = False) -> None:
         _run_flush_hooks()  # outside the lock: the hooks emit
@@ -274,7 +289,7 @@ class Emitter:
             time.sleep(self._interval)
             if self._buffer:
                 try:
-                    with self._lock:  # not flush(): its hooks are for explicit flushes
+                    with self._lock, self.sending:  # not flush(): its hooks are for explicit ones
                         self._send_locked(final=False)
                 except Exception:  # never let the flusher die; emit would block later
                     log.exception("telemetry: rank %d: flushing events failed", self.rank)
@@ -285,17 +300,40 @@ class Emitter:
             if self._closed:
                 return
             self._send_locked(final=False)
-            if not self._stalled:
-                bye = schema.encode_message(
-                    self._encoder, SCHEMA_VERSION, self._token, self.run, self.rank, [], schema.BYE
-                )
-                try:
-                    self._sock.send(bye, zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # nobody to say goodbye to
             self._closed = True
-            self._sock.close(linger=0 if self._stalled else int(CLOSE_LINGER_S * 1000))
-        self._ctx.term()
+            self._close_transport()
+        self._after_close()
+
+    def _close_transport(self) -> None:
+        """Say goodbye and close the socket (the lock held, the buffer sent)."""
+        if not self._stalled:
+            bye = schema.encode_message(
+                self._encoder, SCHEMA_VERSION, self._token, self.run, self.rank, [], schema.BYE
+            )
+            try:
+                self._sock.send(bye, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # nobody to say goodbye to
+        self._sock.close(linger=0 if self._stalled else int(CLOSE_LINGER_S * 1000))
+
+    def _after_close(self) -> None:
+        self._ctx.term()  # outside the lock: it waits for the queued batches to leave
+
+
+def rank_info() -> dict[str, Any]:
+    """Where this process runs: ``RankInfo``'s fields but ``wall`` (torchrun's variables
+    name its node and local rank; a Cluster's ranks are node 0)."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "node": _env_int("GROUP_RANK"),
+        "local_rank": _env_int("LOCAL_RANK"),
+    }
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else 0
 
 
 def _checked_step(kind: Any, step: Any) -> int:

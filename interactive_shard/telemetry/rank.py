@@ -53,6 +53,7 @@ def connect(address: str, token: str, rank: int | None = None) -> Emitter:
         rank = int(os.environ.get("RANK", "0"))
     emitter = Emitter(address, token, rank)
     set_emitter(emitter)
+    emitter.announce()
     return emitter
 
 

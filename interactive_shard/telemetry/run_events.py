@@ -59,7 +59,41 @@ class State(msgspec.Struct, kw_only=True, frozen=True):
     detail: Annotated[str, Meta(description="why, in words (e.g. the error of a failed rank)")] = ""
 
 
-EVENTS = (Log, Scalar, Progress, State)  # in docs/events.md, in this order
+class RankInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """Where a rank runs, sent first in every run of its channel (a Cluster's run, a
+    listener's stream, a recording file). ``wall`` and the event's own time ``t`` are
+    read together: ranks on one host share the monotonic clock ``t`` is on, and a
+    recording's loader puts other hosts on rank 0's clock from ``wall - t``."""
+
+    KIND: ClassVar[str] = schema.RANK
+
+    host: Annotated[str, Meta(description="the host name (`socket.gethostname()`)")]
+    pid: Annotated[int, Meta(description="the rank's process id")]
+    node: Annotated[
+        int, Meta(description="its node: torchrun's `GROUP_RANK` (0 in a Cluster)", ge=0)
+    ] = 0
+    local_rank: Annotated[int, Meta(description="its rank on its node (`LOCAL_RANK`)", ge=0)] = 0
+    wall: Annotated[float, Meta(description="`time.time()` when `t` was read")] = 0.0
+
+
+class Overhead(msgspec.Struct, kw_only=True, frozen=True):
+    """What a probe's own work has cost its rank so far (cumulative: the latest counts).
+
+    ``spent_s`` is the time in the probe's callbacks, its event sending included, of the
+    ``active_s`` seconds from its first callback to its latest: their ratio is its share
+    of the step (``run.overhead``). ``probe`` ``"sending"`` is the channel's background
+    flushes (encoding and writing batches), which every probe shares."""
+
+    KIND: ClassVar[str] = schema.OVERHEAD
+
+    probe: Annotated[str, Meta(description="the feature whose probe it is, or `sending`")]
+    spent_s: Annotated[float, Meta(description="seconds spent in its own code", ge=0)]
+    active_s: Annotated[float, Meta(description="seconds from its first call to its latest", ge=0)]
+    calls: Annotated[int, Meta(description="its callbacks (or batches sent) so far", ge=0)] = 0
+    iterations: Annotated[int, Meta(description="iterations of the watched model so far", ge=0)] = 0
+
+
+EVENTS = (Log, Scalar, Progress, State, RankInfo)  # in docs/events.md, in this order
 
 
 def payload(event: msgspec.Struct) -> dict[str, Any]:

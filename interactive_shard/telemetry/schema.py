@@ -49,6 +49,8 @@ LOG = "log"  # run_events.Log: one line of a rank's stdout / stderr
 SCALAR = "scalar"  # run_events.Scalar: a number at a step
 PROGRESS = "progress"  # run_events.Progress: a step of ctx.steps(total) begins
 STATE = "state"  # run_events.State: a rank's state changed
+RANK = "rank"  # run_events.RankInfo: where a rank runs (host, node, process, clock)
+OVERHEAD = "overhead"  # run_events.Overhead: what a probe's own work cost a rank
 
 _RANK = operator.attrgetter("rank")
 _PLAIN_SCALARS = (str, int, float, bool, type(None))

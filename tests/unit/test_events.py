@@ -59,7 +59,7 @@ def test_every_kind_is_defined_once_with_when_and_what() -> None:
 
 def test_feature_kinds_come_from_its_events() -> None:
     assert feature("buckets").kinds == {"ddp_watch", "bucket", "ddp_iteration"}
-    assert feature("monitor").kinds == {"log", "scalar", "progress", "state"}
+    assert feature("monitor").kinds == {"log", "scalar", "progress", "state", "rank"}
     assert records.KINDS == feature("buckets").kinds
 
 

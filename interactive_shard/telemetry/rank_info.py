@@ -1,0 +1,68 @@
+"""Where each rank of a run runs: its ``RankInfo`` events, read once per store.
+
+Views label a rank with its node when a run spans several (``label``), the monitor
+lists hosts, and a recording's loader puts hosts on one clock. One reader per store
+(``of``), so every view of a run shares it.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from interactive_shard.telemetry.consume import Cursor
+from interactive_shard.telemetry.run_events import RankInfo
+from interactive_shard.telemetry.store import RunStore
+
+__all__ = ["RankInfo", "Ranks", "of"]
+
+
+class Ranks:
+    """The latest ``RankInfo`` of each rank of ``store`` (``update`` reads what is new)."""
+
+    def __init__(self, store: RunStore) -> None:
+        self._cursor = Cursor(store, {RankInfo.KIND: RankInfo})
+        self.info: dict[int, RankInfo] = {}
+
+    def update(self) -> bool:
+        events, records = self._cursor.take_records()
+        for event, record in zip(events, records, strict=True):
+            if record is not None:
+                self.info[event.rank] = record
+        return bool(events)
+
+    def nodes(self) -> dict[int, list[int]]:
+        """Node -> its ranks (those that said where they run)."""
+        self.update()
+        found: dict[int, list[int]] = {}
+        for rank, info in sorted(self.info.items()):
+            found.setdefault(info.node, []).append(rank)
+        return found
+
+    def hosts(self) -> dict[str, list[int]]:
+        """Host name -> its ranks."""
+        self.update()
+        found: dict[str, list[int]] = {}
+        for rank, info in sorted(self.info.items()):
+            found.setdefault(info.host, []).append(rank)
+        return found
+
+    def label(self, rank: int) -> str:
+        """``"2"``, or ``"2 · node 1"`` when the run spans several nodes or hosts."""
+        self.update()
+        info = self.info.get(rank)
+        several = len({(i.node, i.host) for i in self.info.values()}) > 1
+        if info is None or not several:
+            return str(rank)
+        nodes = len({i.node for i in self.info.values()}) > 1
+        return f"{rank} · node {info.node}" if nodes else f"{rank} · {info.host}"
+
+
+_READERS: weakref.WeakKeyDictionary[RunStore, Ranks] = weakref.WeakKeyDictionary()
+
+
+def of(store: RunStore) -> Ranks:
+    """The one ``Ranks`` reader of ``store``."""
+    found = _READERS.get(store)
+    if found is None:
+        found = _READERS[store] = Ranks(store)
+    return found

@@ -28,6 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from interactive_shard.telemetry import rank_info
 from interactive_shard.ui import live
 from interactive_shard.ui.redraw import Redrawn, Spec, spec_of
 
@@ -122,8 +123,11 @@ class PanelView(live.LazyWidget, Generic[M]):
         return self.rank_selector
 
     def _rank_choices(self, rank: int) -> list[tuple[str, int]]:
-        """The ranks seen so far and ``rank``, the one shown."""
-        return [(str(r), r) for r in sorted({*self._ranks(), rank})]
+        """The ranks seen so far and ``rank``, the one shown; each labelled with its node
+        when the run spans several (``telemetry.rank_info``)."""
+        store = getattr(self.model, "store", None)
+        label = str if store is None else rank_info.of(store).label
+        return [(label(r), r) for r in sorted({*self._ranks(), rank})]
 
     def _iteration_box(self, width: str) -> list[Any]:
         """The iteration selector and its note. A number box, not a list: a long run has

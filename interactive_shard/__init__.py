@@ -55,6 +55,12 @@ __all__ = [
 ]
 
 
+if os.environ.get("ISH_RECORD") or os.environ.get("ISH_TELEMETRY"):  # a rank of a job
+    from interactive_shard.features import start_job_rank
+
+    start_job_rank()
+
+
 def load_flight_recorder(
     paths: str
     | os.PathLike[str]
@@ -82,8 +88,10 @@ def load(
     | Sequence[str | os.PathLike[str]]
     | Mapping[int, str | os.PathLike[str]],
 ) -> Run:
-    """Rebuild a saved run (``run.save(path)``) without starting any process; a list,
-    tuple or ``{rank: path}`` of Flight Recorder dumps is ``load_flight_recorder``'s."""
+    """Rebuild a saved run (``run.save(path)``) without starting any process. A folder is
+    a job's rank files (``ISH_RECORD=DIR``: each rank's file, merged into one run; what
+    is missing or damaged is named in a ``RecordingWarning``); a list, tuple or
+    ``{rank: path}`` of Flight Recorder dumps is ``load_flight_recorder``'s."""
     if isinstance(path, list | tuple | Mapping):
         return load_flight_recorder(path)
     if isinstance(path, str | os.PathLike):

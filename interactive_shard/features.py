@@ -29,6 +29,10 @@ An entry's parts:
   right after its process group exists and before any user code (the collective log:
   DDP's construction-time sync happens before ``ish.watch`` can see it). ``cluster/``
   names no feature: it walks this list.
+* ``job_start``: ``"module:function"`` that a rank of a job started without a Cluster
+  (``ISH_RECORD`` / ``ISH_TELEMETRY`` set: torchrun, a scheduler) calls when it imports
+  the package, before its first collective (the ledger turns torch's Flight Recorder on);
+  its ``rank_start`` then runs at the first ``ish.watch``.
 * ``probe``: ``"module"`` with ``fits(obj) -> bool``, ``OPTIONS`` (the keyword
   arguments it takes), ``WATCHES`` (what it can watch, in words) and
   ``attach(obj, **options)`` returning a handle with ``detach()``; ``ish.watch``
@@ -64,6 +68,7 @@ class Feature:
     summary: str | None = None  # "module:function": model -> str, the view in plain words
     fake: str | None = None  # "module:sample": sample(iterations) -> events of a 2-rank run
     rank_start: str | None = None  # "module:function" each rank runs once its group exists
+    job_start: str | None = None  # "module:function" a job's rank runs at import (see below)
     always: bool = False  # in the report even when none of its kinds was recorded
 
     def __post_init__(self) -> None:
@@ -128,6 +133,7 @@ FEATURES: tuple[Feature, ...] = (
         events="interactive_shard.buckets.events:EVENTS",
         probe="interactive_shard.buckets.probe",
         rank_start="interactive_shard.probing.collective_log:start",  # DDP's own iterations
+        job_start="interactive_shard.probing.collective_log:start",
     ),
     Feature(
         name="splits",
@@ -173,6 +179,7 @@ FEATURES: tuple[Feature, ...] = (
         events="interactive_shard.ddp.events:EVENTS",
         probe="interactive_shard.ddp.probe",
         rank_start="interactive_shard.probing.collective_log:start",  # construction syncs
+        job_start="interactive_shard.probing.collective_log:start",
     ),
     Feature(
         name="collectives",
@@ -184,8 +191,22 @@ FEATURES: tuple[Feature, ...] = (
         figures="interactive_shard.collectives.figures:report_figures",
         events="interactive_shard.collectives.events:EVENTS",
         rank_start="interactive_shard.collectives.recorder:start",  # every collective, no watch
+        job_start="interactive_shard.collectives.recorder:prepare",
     ),
 )
+
+
+def start_on_rank() -> None:
+    """Run every feature's ``rank_start`` once on this rank (each is idempotent): a
+    Cluster's rank right after its process group exists, a torchrun rank at ``ish.watch``."""
+    for ref in dict.fromkeys(f.rank_start for f in FEATURES if f.rank_start):
+        load(ref)()
+
+
+def start_job_rank() -> None:
+    """Run every feature's ``job_start`` (at import, in a rank of a job)."""
+    for ref in dict.fromkeys(f.job_start for f in FEATURES if f.job_start):
+        load(ref)()
 
 
 def feature(name: str) -> Feature:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from interactive_shard.features import FEATURES, Feature, load
+from interactive_shard.features import FEATURES, Feature, load, start_on_rank
+from interactive_shard.telemetry import rank as telemetry
 
 
 class Watch:
@@ -46,6 +47,13 @@ class Watch:
         return f"Watch({inner})"
 
 
+def _start_recorders() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # else: one process, no collectives
+        start_on_rank()
+
+
 def _probes() -> list[tuple[Feature, ModuleType]]:
     return [(f, load(f.probe)) for f in FEATURES if f.probe]
 
@@ -62,7 +70,15 @@ def watch(obj: object, **options: Any) -> Watch:
     the first step to record. Options go to the probes that declare them, e.g.
     ``comm_hook=``, ``state=``, ``checksum=`` of the DDP bucket probe; ``timeline=True``
     (with ``depth=``) adds the timeline probe.
+
+    In a script started by ``torchrun`` (no Cluster), the environment says where events
+    go: ``ISH_RECORD=DIR`` records each rank to its own file (``ish.load(DIR)``),
+    ``ISH_TELEMETRY`` / ``ISH_TOKEN`` stream to ``ish.listen``; the first ``watch``
+    connects and starts what a Cluster's rank starts with its process group (the
+    collective ledger). With neither set, the probes attach and send nothing.
     """
+    if telemetry.emitter() is None and telemetry.from_env() is not None:
+        _start_recorders()
     probes = _probes()
     known = {name: f.name for f, p in probes for name in p.OPTIONS}
     unknown = sorted(set(options) - set(known))

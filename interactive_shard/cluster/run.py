@@ -15,7 +15,7 @@ from interactive_shard import features
 from interactive_shard.cluster.errors import RankError
 from interactive_shard.cluster.outcome import STREAM_GRACE_S, Outcome, Reply, Verdict
 from interactive_shard.cluster.output import ECHO_LINES, RunOutput, cut
-from interactive_shard.telemetry import recording, schema
+from interactive_shard.telemetry import rank_files, recording, schema
 from interactive_shard.telemetry.rank_state import RankState
 from interactive_shard.telemetry.run_events import Log, State, payload
 from interactive_shard.telemetry.store import RunStore
@@ -264,6 +264,9 @@ for _feature in features.FEATURES:
 
 
 def load(path: str | os.PathLike[str]) -> Run:
-    """Rebuild a saved run (store, models, views) without starting any process."""
+    """Rebuild a saved run (store, models, views) without starting any process: a
+    recording (``run.save``), or a folder of a job's rank files (``ISH_RECORD``)."""
+    if Path(path).is_dir():
+        return Run(rank_files.load_folder(path))
     store, results = recording.load(path)
     return Run(store, results=results)

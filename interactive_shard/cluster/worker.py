@@ -102,8 +102,7 @@ def _start(cfg: WorkerConfig) -> Any:
 
     # What a feature must have running before the user's code: the collective log (DDP's
     # construction-time sync happens before any ish.watch). Declared in the feature list.
-    for ref in dict.fromkeys(f.rank_start for f in features.FEATURES if f.rank_start):
-        features.load(ref)()
+    features.start_on_rank()
     emitter = Emitter(cfg.telemetry_address, cfg.telemetry_token, cfg.rank)
     rank_channel.set_emitter(emitter)
     return RankContext(cfg.rank, cfg.world_size, cfg.device, cfg.backend, emitter)

@@ -393,6 +393,14 @@ def start() -> LedgerRecorder | None:
         return _recorder
 
 
+def prepare() -> None:
+    """What a job's rank runs when it imports the package (``Feature.job_start``), before
+    its first collective: turn the Flight Recorder on, so that a ledger started as late
+    as ``ish.watch`` (after DDP's construction-time broadcast) still reads what C++ issued."""
+    if os.environ.get(OFF_ENV, "1").strip() != "0":
+        compat_fr.enable(RING)
+
+
 def stop() -> None:
     """Stop and forget the process's recorder (``start`` makes a new one): its listener,
     flush hook and thread go; torch's Flight Recorder stays on."""

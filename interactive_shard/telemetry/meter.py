@@ -17,7 +17,7 @@ class Meter:
     """Time spent inside ``with meter:`` blocks (nested blocks count once), the calls,
     and the span from the first block's start to the latest block's end."""
 
-    __slots__ = ("calls", "first", "last", "spent", "_depth", "_since")
+    __slots__ = ("_depth", "_since", "calls", "first", "last", "spent")
 
     def __init__(self) -> None:
         self.spent = 0.0

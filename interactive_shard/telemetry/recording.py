@@ -181,7 +181,7 @@ def load(path: str | os.PathLike[str]) -> tuple[RunStore, list[Any] | None]:
     with path.open("rb") as f:
         # A bounded read: a line over the limit is never held whole.
         lines = iter(partial(f.readline, MAX_LINE_BYTES + 1), b"")
-        header = _read_header(path, next(lines, b""))
+        header = read_header(path, next(lines, b""))
         world_size = header.world_size
         store = RunStore(
             RunInfo(
@@ -239,7 +239,8 @@ def _decode_event(line: bytes, world_size: int) -> tuple[Event | None, str | Non
     return (event, None) if problem is None else (None, f"the event is invalid: {problem}")
 
 
-def _read_header(path: Path, line: bytes) -> Header:
+def read_header(path: Path, line: bytes) -> Header:
+    """Line 1 of the file at ``path``, validated (a ``RecordingError`` says what is wrong)."""
     if not line.strip():
         raise RecordingError(
             f"{path} is empty: it has no header line. Recordings are written by run.save(path)."

@@ -16,8 +16,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder")
     demo.add_argument("--steps", type=int, default=30, help="training steps")
-    report = sub.add_parser("report", help="turn a recording (run.jsonl) into an HTML report")
-    report.add_argument("recording", type=Path)
+    report = sub.add_parser(
+        "report",
+        help="turn a recording (run.jsonl) or a job's folder of rank files (ISH_RECORD) into "
+        "an HTML report",
+    )
+    report.add_argument("recording", type=Path, help="run.jsonl, or the ISH_RECORD folder")
     report.add_argument("--out", type=Path, default=None, help="HTML path (default: beside)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

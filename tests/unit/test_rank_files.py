@@ -89,7 +89,8 @@ def test_an_event_of_another_rank_is_refused(tmp_path: Path) -> None:
     _rank(tmp_path, 0)
     path = _rank(tmp_path, 1)
     lines = path.read_bytes().splitlines(keepends=True)
-    lines.insert(3, json.dumps(["scalar", 0, 9, 1.0, {"name": "loss", "value": 9.0}]).encode() + b"\n")
+    stranger = ["scalar", 0, 9, 1.0, {"name": "loss", "value": 9.0}]
+    lines.insert(3, json.dumps(stranger).encode() + b"\n")
     path.write_bytes(b"".join(lines))
     run, warned = _load(tmp_path)
     assert any("rank 0 in rank 1's file" in w for w in warned), warned
@@ -149,7 +150,7 @@ def test_a_second_run_of_one_job_never_overwrites(tmp_path: Path) -> None:
     first = _rank(tmp_path, 0, world=1)
     second = _rank(tmp_path, 0, world=1)
     assert first != second and first.exists() and second.exists()
-    run, warned = _load(tmp_path)
+    _, warned = _load(tmp_path)
     assert any("two files" in w for w in warned), warned
 
 

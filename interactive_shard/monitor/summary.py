@@ -4,6 +4,7 @@ latest values (what a front end without widgets shows; ``ui/fallback.py``)."""
 from __future__ import annotations
 
 from interactive_shard.monitor.model import MonitorModel
+from interactive_shard.telemetry import rank_info
 from interactive_shard.ui.fallback import listed
 
 MAX_SCALARS = 6
@@ -12,11 +13,13 @@ MAX_SCALARS = 6
 def summary(model: MonitorModel) -> str:
     model.update()
     lines = []
+    label = rank_info.of(model.store).label
     for rank, status in enumerate(model.ranks):
         total = f" of {status.total}" if status.total else ""
         detail = f" ({status.detail})" if status.detail else ""
         last = f" · last log: {status.logs[-1]}" if status.logs else ""
-        lines.append(f"rank {rank}: {status.state.value}{detail}, step {status.step}{total}{last}")
+        state = f"{status.state.value}{detail}, step {status.step}{total}{last}"
+        lines.append(f"rank {label(rank)}: {state}")
     names = sorted(model.scalars)
     for name in names[:MAX_SCALARS]:
         latest = [

@@ -16,6 +16,7 @@ from interactive_shard.monitor.figures import (
     title,
 )
 from interactive_shard.monitor.model import MonitorModel
+from interactive_shard.telemetry import rank_info
 from interactive_shard.telemetry.rank_state import RankState
 from interactive_shard.ui import live
 from interactive_shard.ui.colors import STATE_COLORS
@@ -128,7 +129,8 @@ class MonitorView(live.LazyWidget):
             step = f" · step {status.step}" if status and status.step else ""
             color = STATE_COLORS.get(state, "#999")
             dot = f"<span style='color:{color}'>●</span>"
-            label = f"{dot} rank {r} <b>{state}</b>{step}"
+            name = rank_info.of(model.store).label(r) if model else str(r)
+            label = f"{dot} rank {html.escape(name)} <b>{state}</b>{step}"
             self._labels[r].value = f"<span style='white-space:nowrap'>{label}</span>"
             bar = self._bars[r]
             if status and status.total:

@@ -22,12 +22,17 @@ class Ranks:
     def __init__(self, store: RunStore) -> None:
         self._cursor = Cursor(store, {RankInfo.KIND: RankInfo})
         self.info: dict[int, RankInfo] = {}
+        self._by = ""  # what labels name: "node", "host" or nothing (one place)
 
     def update(self) -> bool:
         events, records = self._cursor.take_records()
         for event, record in zip(events, records, strict=True):
             if record is not None:
                 self.info[event.rank] = record
+        if events:  # views label every rank 10 times a second: decide once per arrival
+            nodes = {i.node for i in self.info.values()}
+            hosts = {i.host for i in self.info.values()}
+            self._by = "node" if len(nodes) > 1 else "host" if len(hosts) > 1 else ""
         return bool(events)
 
     def nodes(self) -> dict[int, list[int]]:
@@ -50,11 +55,9 @@ class Ranks:
         """``"2"``, or ``"2 · node 1"`` when the run spans several nodes or hosts."""
         self.update()
         info = self.info.get(rank)
-        several = len({(i.node, i.host) for i in self.info.values()}) > 1
-        if info is None or not several:
+        if info is None or not self._by:
             return str(rank)
-        nodes = len({i.node for i in self.info.values()}) > 1
-        return f"{rank} · node {info.node}" if nodes else f"{rank} · {info.host}"
+        return f"{rank} · node {info.node}" if self._by == "node" else f"{rank} · {info.host}"
 
 
 _READERS: weakref.WeakKeyDictionary[RunStore, Ranks] = weakref.WeakKeyDictionary()

@@ -37,9 +37,10 @@ Caveats
   ``SEND_TIMEOUT_S``, then the Emitter drops (and counts, ``Emitter.dropped``) until
   the collector takes events again.
 
-Debugging: ``collector.rejected_by_reason``; the ``interactive_shard.telemetry.channel``
-logger says the first rejection and then one summary at most every
-``SUMMARY_INTERVAL_S``.
+Debugging: ``collector.rejected_by_reason`` (``Listener.refused``); the
+``interactive_shard.telemetry.channel`` logger warns at the first rejection of each
+reason (what it was, the rank the message claims, the peer's address), then sums up
+the rest at most every ``SUMMARY_INTERVAL_S``.
 """
 
 from __future__ import annotations
@@ -88,6 +89,16 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _peer(frame: zmq.Frame | None) -> str:
+    """`` from ADDRESS``: where ``frame`` came from, when ZeroMQ says."""
+    if frame is None:
+        return ""
+    try:
+        return f" from {frame.get('Peer-Address')}"
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return ""
+
+
 class Collector:
     """Kernel side: receives batches on a background thread and hands them on.
 
@@ -117,7 +128,7 @@ class Collector:
         self._by_reason: Counter[str] = Counter()
         self._on_batch = on_batch
         self._said_bye: set[int] = set()  # fds of peers that closed cleanly
-        self._first_logged = False
+        self._logged: set[str] = set()  # reasons whose first rejection was logged
         self._since_summary: Counter[str] = Counter()
         self._last_summary = time.monotonic()
         self._ctx = zmq.Context()
@@ -177,30 +188,33 @@ class Collector:
         try:
             batch = self._open(buf, frame)
         except schema.MessageError as exc:
-            self._reject(exc.reason, str(exc))
+            self._reject(exc.reason, str(exc), frame)
             return
         except msgspec.DecodeError as exc:  # ValidationError included
-            self._reject(schema.MALFORMED, str(exc))
+            self._reject(schema.MALFORMED, str(exc), frame)
             return
         except Exception as exc:  # RecursionError or any other surprise of the decoder
-            self._reject(schema.MALFORMED, f"{type(exc).__name__}: {exc}")
+            self._reject(schema.MALFORMED, f"{type(exc).__name__}: {exc}", frame)
             return
         if batch is None:
             return
         try:
             self._on_batch(batch)
         except schema.MessageError as exc:
-            self._reject(exc.reason, str(exc))
+            self._reject(exc.reason, str(exc), frame)
         except Exception:  # a consumer bug must not kill the channel
             if not self._by_reason[CONSUMER_FAILED]:
                 log.exception("telemetry consumer failed on a batch from rank %d", batch.rank)
-            self._reject(CONSUMER_FAILED, "the consumer raised (logged above)")
+            self._reject(CONSUMER_FAILED, "the consumer raised (logged above)", frame)
 
     def _open(self, buf: Any, frame: zmq.Frame | None) -> Batch | None:
         """Steps 2-3: authenticate, then decode; None for a BYE."""
         header = schema.read_header(buf)
         if not hmac.compare_digest(header.token, self._token):
-            raise schema.MessageError(schema.WRONG_TOKEN, "the token does not match")
+            raise schema.MessageError(
+                schema.WRONG_TOKEN,
+                f"the token does not match (the message says rank {header.rank})",
+            )
         if len(buf) > MAX_MESSAGE_BYTES:
             raise schema.MessageError(schema.OVERSIZED, f"{len(buf)} > {MAX_MESSAGE_BYTES} bytes")
         schema.check_header(header)
@@ -246,21 +260,25 @@ class Collector:
         """How many messages were refused, by reason (``schema.WRONG_TOKEN``...)."""
         return dict(self._by_reason)
 
-    def _reject(self, reason: str, detail: str) -> None:
+    def _reject(self, reason: str, detail: str, frame: zmq.Frame | None = None) -> None:
+        """Count a refused message; log the first of each reason (a bounded few lines
+        however many arrive: the reasons are the schema's)."""
         self.rejected += 1
         self._by_reason[reason] += 1
-        if not self._first_logged:
-            self._first_logged = True
-            self._last_summary = time.monotonic()
-            log.warning(
-                "telemetry: dropped a message (%s: %s); further drops are counted in "
-                "Collector.rejected_by_reason and summarised at most every %.0f s",
-                reason,
-                detail[:200],
-                SUMMARY_INTERVAL_S,
-            )
-        else:
+        if reason in self._logged:
             self._since_summary[reason] += 1
+            return
+        if not self._logged:
+            self._last_summary = time.monotonic()
+        self._logged.add(reason)
+        log.warning(
+            "telemetry: dropped a message (%s: %s)%s; further drops are counted in "
+            "rejected_by_reason (Listener.refused) and summarised at most every %.0f s",
+            reason,
+            detail[:200],
+            _peer(frame),
+            SUMMARY_INTERVAL_S,
+        )
 
     def _summarize(self) -> None:
         now = time.monotonic()

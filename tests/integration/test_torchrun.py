@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import interactive_shard as ish
+from interactive_shard.telemetry import rank_info
 
 pytestmark = pytest.mark.slow  # make check leaves it out; make test runs it
 
@@ -40,9 +41,13 @@ def test_torchrun_ranks_stream_to_the_listener(tmp_path: Path) -> None:
         cmd += ["--nproc-per-node", "2", str(script)]
         subprocess.run(cmd, env=env, check=True, timeout=120, capture_output=True)
         run = listener.wait(timeout=30)
+        assert listener.refused == {}
     scalars = run.monitor.scalars
     assert scalars["loss"][1].steps == list(range(1, 51))
     assert scalars["world"][0].values == [2.0] and scalars["world"][1].values == [2.0]
+    # One node (torchrun's GROUP_RANK 0), one host: ranks are labelled by number alone.
+    assert rank_info.of(run.store).nodes() == {0: [0, 1]}
+    assert [rank_info.of(run.store).label(r) for r in (0, 1)] == ["0", "1"]
 
 
 def test_listener_rejects_bad_world_size() -> None:

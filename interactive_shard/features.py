@@ -193,6 +193,16 @@ FEATURES: tuple[Feature, ...] = (
         rank_start="interactive_shard.collectives.recorder:start",  # every collective, no watch
         job_start="interactive_shard.collectives.recorder:prepare",
     ),
+    Feature(
+        name="overhead",
+        title="Probe overhead: share of the step, per probe and rank",
+        model="interactive_shard.overhead.model:OverheadModel",
+        view="interactive_shard.overhead.view:OverheadView",
+        summary="interactive_shard.overhead.summary:summary",
+        fake="interactive_shard.overhead.fake:sample",
+        figures="interactive_shard.overhead.figures:report_figures",
+        events="interactive_shard.overhead.events:EVENTS",
+    ),
 )
 
 

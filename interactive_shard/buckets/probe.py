@@ -53,7 +53,9 @@ Caveats:
   The comm hook of step 1 costs what any Python comm hook costs: one more pass over
   the gradients (the Reducer fuses the scaling into its copy into the bucket only
   without a hook) and a Python callback per bucket.
-  ``benchmarks/bench_probe_overhead.py`` measures it.
+  ``benchmarks/bench_probe_overhead.py`` measures it; the probe times its own hooks and
+  callbacks (``Attachment.meter``: ``run.overhead``), and the spy its own parts around
+  the real all-reduce.
 * Not reproduced bit for bit: ``create_graph=True`` gradients (the Reducer divides
   those) and ``Join`` with uneven inputs (it changes the divisor). The python reducer
   (compiled autograd) and DDP native mixed precision are not supported.
@@ -123,6 +125,7 @@ OPTIONS = frozenset({"comm_hook", "state", "checksum"})
 
 _engine = compat_autograd.engine
 _monotonic = time.monotonic
+_clock = time.perf_counter  # the probe's own cost (telemetry.meter's clock)
 _task_id = compat_autograd.graph_task_id  # -1 outside backward
 
 
@@ -179,6 +182,7 @@ class Probe(Attachment):
     own count is unknown)."""
 
     kind = "bucket probe"
+    feature = "buckets"
 
     def __init__(
         self,
@@ -210,6 +214,7 @@ class Probe(Attachment):
         self.iteration = done or 0
         self._now = Collected()
         self._end = BackwardEnd()
+        self._launch_s = 0.0  # the last _reduce's time in the real reduction (not ours)
         with self.installing():
             self._install(ddp, ddp if forward_of is None else forward_of)
         # A model watched in one cluster.run and trained in the next: describe it again
@@ -220,7 +225,7 @@ class Probe(Attachment):
     def _install(self, ddp: DistributedDataParallel, hooked: nn.Module) -> None:
         # Note step 0: without a user hook, watch DDP's own reductions from a process
         # group in front of the real one (no comm hook, DDP's numerics and speed).
-        spy = _spy.attach(ddp, self._on_launch) if self._user_hook is None else None
+        spy = _spy.attach(ddp, self._on_launch, self.meter) if self._user_hook is None else None
         if spy is None:  # DDP cannot unregister it: after detach it reduces, unrecorded
             checks.register_comm_hook(ddp, self, _probe_comm_hook)
         else:
@@ -244,40 +249,49 @@ class Probe(Attachment):
         super().detach()
 
     # -- hot path: forward hooks, gradient hooks, comm hook ---------------------------------
+    # Each times itself (``with self.meter``: the probe's own cost, run.overhead).
     def _before_forward(self, module: nn.Module, args: Any) -> None:
-        if _task_id() != -1 or self.phase is Phase.DETACHED:
-            return  # a forward recomputed inside backward (checkpointing the whole model)
-        if self.phase in BEGUN:  # the end callback never ran in the user's backward
-            self._close()
-        # DDP prepares a reducing backward under exactly this condition (_pre_forward).
-        reduces = torch.is_grad_enabled() and self.ddp.require_backward_grad_sync
-        self.phase = Phase.ARMED if reduces else Phase.IDLE
+        with self.meter:
+            if _task_id() != -1 or self.phase is Phase.DETACHED:
+                return  # a forward recomputed inside backward (checkpointing the whole model)
+            if self.phase in BEGUN:  # the end callback never ran in the user's backward
+                self._close()
+            # DDP prepares a reducing backward under exactly this condition (_pre_forward).
+            reduces = torch.is_grad_enabled() and self.ddp.require_backward_grad_sync
+            self.phase = Phase.ARMED if reduces else Phase.IDLE
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if self.phase not in RECORDING or torch.compiler.is_compiling():
             return
-        leaves = (
-            [output] if isinstance(output, torch.Tensor) else compat_autograd.tree_leaves(output)
-        )
-        for t in leaves:
-            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
-                t.register_hook(self._output_grad_hook)  # type: ignore[no-untyped-call, unused-ignore]
+        with self.meter:
+            leaves = (
+                [output]
+                if isinstance(output, torch.Tensor)
+                else compat_autograd.tree_leaves(output)
+            )
+            for t in leaves:
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                    t.register_hook(self._output_grad_hook)  # type: ignore[no-untyped-call, unused-ignore]
 
     def _output_grad_hook(self, grad: torch.Tensor) -> None:
-        if self.phase in UNQUEUED:
-            self._begin()
+        with self.meter:
+            if self.phase in UNQUEUED:
+                self._begin()
 
     def _grad_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        meter = self.meter
+
         def hook(param: torch.Tensor) -> None:
-            if self._track_views and param.grad is not None:
-                self._grad_ptrs[index] = param.grad.data_ptr()
-            phase = self.phase
-            if phase not in RECORDING:
-                return
-            if phase in UNQUEUED:
-                self._begin()
-            if param.grad is not None:  # Note [Undefined gradients] in probing/__init__.py
-                self._now.ready.append((index, _monotonic()))
+            with meter:
+                if self._track_views and param.grad is not None:
+                    self._grad_ptrs[index] = param.grad.data_ptr()
+                phase = self.phase
+                if phase not in RECORDING:
+                    return
+                if phase in UNQUEUED:
+                    self._begin()
+                if param.grad is not None:  # Note [Undefined gradients] in probing/__init__.py
+                    self._now.ready.append((index, _monotonic()))
 
         return hook
 
@@ -295,18 +309,21 @@ class Probe(Attachment):
             _engine.queue_callback(self._at_backward_end)
 
     def _at_backward_end(self) -> None:
-        if self.phase is not Phase.QUEUED:
-            return  # detached, or closed by the next forward
-        if compat_autograd.current_node() is not None:
-            self.phase = Phase.OPEN  # a nested (reentrant) backward ended, not the user's
-            return
-        if self._end.reductions != self._end.seen:  # DDP may still have callbacks queued
-            self._end.seen = self._end.reductions
-            _engine.queue_callback(self._at_backward_end)
-            return
-        self._close()
+        with self.meter:
+            if self.phase is not Phase.QUEUED:
+                return  # detached, or closed by the next forward
+            if compat_autograd.current_node() is not None:
+                self.phase = Phase.OPEN  # a nested (reentrant) backward ended, not the user's
+                return
+            if self._end.reductions != self._end.seen:  # DDP may still have callbacks queued
+                self._end.seen = self._end.reductions
+                _engine.queue_callback(self._at_backward_end)
+                return
+            self._close()
 
     def _on_bucket(self, bucket: GradBucket) -> Future[Any]:
+        # The comm hook wraps the real reduction: only its own parts are its cost.
+        entered = _clock()
         ready_t = _monotonic()
         self._end.reductions += 1
         params = bucket.parameters()
@@ -323,40 +340,50 @@ class Probe(Attachment):
         seen = data.Reduced(
             self.iteration, bucket.index(), nbytes, bucket.is_last(), ready_t, start_t, names
         )
+        meter = self.meter
 
         def done(f: Future[Any]) -> Any:
             # In .then rather than add_done_callback: DDP waits on the future this
             # returns, so the bucket is recorded before DDP finalizes the iteration.
             # Only an append here: this runs on the backend's thread, holding the GIL,
             # between two reductions; the events go out at the end of backward.
-            seen.end_t = _monotonic()
-            self._now.reduced.append(seen)
+            with meter:
+                seen.end_t = _monotonic()
+                self._now.reduced.append(seen)
             return f.value()[0] if unwrap else f.value()
 
-        return fut.then(done)
+        out = fut.then(done)
+        meter.add(_clock() - entered - self._launch_s, start=entered)
+        return out
 
     def _reduce(self, bucket: GradBucket, key: tuple[int, ...]) -> tuple[Future[Any], float, bool]:
         """The user's hook, or DDP's built-in reduction (Note step 1): its future, start
-        time, and whether the future's value is a list to unwrap (all_reduce's is)."""
+        time, and whether the future's value is a list to unwrap (all_reduce's is).
+        ``_launch_s``: the time in the user's hook or the all-reduce's launch (not the
+        probe's own cost; the scaling, which DDP fuses into its copy, is)."""
         if self._user_hook is not None:
-            start_t = _monotonic()
-            return self._user_hook(self._user_state, bucket), start_t, False
+            start_t, started = _monotonic(), _clock()
+            fut = self._user_hook(self._user_state, bucket)
+            self._launch_s = _clock() - started
+            return fut, start_t, False
         buffer = bucket.buffer()
         self._scaling.scale(bucket, buffer, key, self.world_size, self._grad_ptrs)
-        start_t = _monotonic()
+        start_t, started = _monotonic(), _clock()
         work = dist.all_reduce(buffer, group=self._group, async_op=True)
+        self._launch_s = _clock() - started
         return work.get_future(), start_t, True
 
     def _on_launch(self, launch: _spy.Launch) -> None:
         if self.phase not in RECORDING:
             return
-        self._end.reductions += 1  # as a comm-hook call: the end callback waits (step 3)
-        self._now.launches.append(launch)
-        task = _task_id()
-        if task not in (self._end.end_task, self._end.settle_task, -1):
-            # A nested backward: DDP may finish its iteration in it (Note, nested).
-            self._end.settle_task = task
-            _engine.queue_callback(self._settle_after_ddp)
+        with self.meter:
+            self._end.reductions += 1  # as a comm-hook call: the end callback waits (step 3)
+            self._now.launches.append(launch)
+            task = _task_id()
+            if task not in (self._end.end_task, self._end.settle_task, -1):
+                # A nested backward: DDP may finish its iteration in it (Note, nested).
+                self._end.settle_task = task
+                _engine.queue_callback(self._settle_after_ddp)
 
     def _settle_after_ddp(self) -> None:
         # Queued before DDP's finalize (DDP queues it after launching its last bucket):
@@ -364,7 +391,8 @@ class Probe(Attachment):
         _engine.queue_callback(self._settle)
 
     def _settle(self) -> None:
-        _spy.settle(self._now.launches)
+        with self.meter:
+            _spy.settle(self._now.launches)
 
     def _close(self) -> None:
         """Emit the iteration (Note step 4) and wait for the next forward."""
@@ -379,6 +407,7 @@ class Probe(Attachment):
         summary = data.iteration_event(iteration, now.ready, self.fqns, self._params, self.checksum)
         data.emit(summary)
         data.warn_unready(self.ddp, iteration, summary.unready)
+        self.report_cost()  # at most once a second: a live view sees it while training
 
 
 def _first(fut: Future[list[torch.Tensor]]) -> torch.Tensor:

@@ -180,7 +180,7 @@ class BucketMapView(PanelView[BucketMap]):
         data = (self.model.revision, iteration, self.rank)
         if not self._changed("map", (*data, self.cap_mb)):
             return
-        self.status_html.value = self._status()
+        self._set_status(self._status())
         if iteration is None:
             self._draw("map", ([], {"title": {"text": "No bucket data yet"}}))
             return

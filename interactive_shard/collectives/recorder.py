@@ -25,6 +25,11 @@ Flight Recorder once: that fills in what C++ issued (a pending bucket all-reduce
 marks what completed. Every explicit flush (a run's end) reads it too, so a finished
 run's ledger holds the Reducer's collectives, their callers named by elimination.
 
+Its own cost (``run.overhead``, probe ``collectives``): the listener and the thread's
+ticks, in CPU time (``telemetry.meter``); it goes out with the ledger, at most once a
+second, and at every explicit flush of a run that recorded a ledger (not the flush's
+own read: that runs after the training).
+
 Caveats: what the ring dropped before a read stays a gap in the sequence (the model
 says "not recorded"). Point-to-point operations are not in the ledger. A synchronous
 Python collective is noted when it returns: one that never returns is seen in the
@@ -53,6 +58,7 @@ from interactive_shard.probing import collective_log
 from interactive_shard.probing import collectives as _collectives
 from interactive_shard.probing.collective_log import CALLERS
 from interactive_shard.probing.compat import flight_recorder as compat_fr
+from interactive_shard.telemetry import meter as meters
 from interactive_shard.telemetry import rank as telemetry
 
 log = logging.getLogger(__name__)
@@ -102,6 +108,8 @@ class LedgerRecorder:
         self._read_after = -1  # Flight Recorder record ids read so far
         self._main = threading.main_thread().ident
         self._stop = threading.Event()
+        self.meter = meters.of("collectives", steady=True)  # its own cost (module docstring)
+        self._sent_in: int | None = -1  # the run it last sent a ledger in
         self.records = compat_fr.enable(RING)
         self._undo = [_collectives.listen(self.on_collective, call=True)]
         self._undo.append(telemetry.before_flush(self.flush))
@@ -124,11 +132,24 @@ class LedgerRecorder:
             # now, and a process group's counter is nothing dynamo can trace (it would
             # drop the whole frame to eager). The run's Flight Recorder notes it.
             return
+        began = meters.thread_clock()  # its thread's CPU time (telemetry/meter.py)
+        self._note(op, start, end, detail, first, pg)
+        self.meter.add(meters.thread_clock() - began)
+
+    def _note(
+        self,
+        op: str,
+        start: float,
+        end: float | None,
+        detail: dict[str, Any],
+        first: Any,
+        pg: Any,
+    ) -> None:
         name = str(detail.get("group", "?"))
         issued = compat_fr.issued(pg) if pg is not None else None
         if issued is None or issued < 1:
             return  # no sequence number: it cannot be aligned with other ranks
-        caller = caller_of(sys._getframe(3), op)  # on_collective <- report <- the wrapper
+        caller = caller_of(sys._getframe(4), op)  # _note <- on_collective <- report <- wrapper
         entry = LedgerEntry(
             group=name,
             seq=issued - 1,
@@ -157,7 +178,9 @@ class LedgerRecorder:
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):
             try:
+                began = meters.thread_clock()
                 self.tick()
+                self.meter.add(meters.thread_clock() - began)
             except Exception:  # never the user's training
                 log.exception("ledger: a tick failed")
 
@@ -199,11 +222,20 @@ class LedgerRecorder:
             self._send(entries, position, still, inside, stack)
 
     def flush(self) -> None:
-        """At an explicit flush (a run's end): what the Flight Recorder holds, sent now."""
+        """At an explicit flush (a run's end): what the Flight Recorder holds, sent now,
+        and what the ledger cost in this run, if it recorded one."""
         try:
             self.tick(read=True)
+            if self._sent_in == telemetry.current_run():
+                self._say_cost(now=True)
         except Exception:
             log.exception("ledger: a flush failed")
+
+    def _say_cost(self, *, now: bool = False) -> None:
+        if now or self.meter.due():
+            event = self.meter.overhead("collectives")
+            if event is not None:
+                telemetry.emit(event.KIND, msgspec.to_builtins(event))
 
     def _read_position(self) -> dict[str, int]:
         if not self._groups:
@@ -288,6 +320,8 @@ class LedgerRecorder:
                 stack=stack,
             )
             telemetry.emit(Ledger.KIND, msgspec.to_builtins(event))
+        self._sent_in = self._run
+        self._say_cost()  # at most once a second
 
     def stop(self) -> None:
         self._stop.set()

@@ -79,7 +79,7 @@ class CollectivesView(PanelView[CollectivesModel]):
     def _redraw(self) -> None:
         model = self.model
         n = sum(model.counts().values())
-        self.status_html.value = (
+        self._set_status(
             f"<b>{n:,} collectives</b> from {len(model.ranks)} rank(s)"
             + (f" · reading {model.backlog:,} more reports" if model.backlog else "")
             + (f" · {model.skipped} unreadable events skipped" if model.skipped else "")

@@ -117,7 +117,10 @@ class _Forward:
 
 
 class LifecycleProbe(Attachment):
+    """Each hook and callback times itself (``with self.meter``: run.overhead)."""
+
     kind = "lifecycle probe"
+    feature = "ddp"
 
     def __init__(self, ddp: DDP, outer: Any = None) -> None:
         super().__init__()
@@ -153,7 +156,7 @@ class LifecycleProbe(Attachment):
         for index, p in enumerate(self.tracked):
             handle = p.register_post_accumulate_grad_hook(self._ready_hook(index))
             self.undo.append(handle.remove)
-        spy = _spy.attach(ddp, self._on_launch)
+        spy = _spy.attach(ddp, self._on_launch, self.meter)
         if spy is not None:
             self.undo.append(lambda: _spy.detach(ddp, spy, self._on_launch))
         self.undo.append(register_optimizer_step_post_hook(self._stepped).remove)
@@ -175,23 +178,29 @@ class LifecycleProbe(Attachment):
     def _before_forward(self, _module: Any, _args: Any) -> None:
         if not self.attached:
             return
-        self._report_dead()
-        training = torch.is_grad_enabled() and self.ddp.require_backward_grad_sync
-        if training and not self._open:
-            self.send()
-            self.iteration += 1
-            self._open, self._cb_queued = True, False
-            self._got = set()
-            if self.new_run():  # watched in one cluster.run, trained in the next
-                self.announce()
-            if self.rec.generation != self._seen_generation:
-                self._check_hooks()
-        if training:
-            self._part.forwards += 1
-        self.walk_start = self.walk_end = None
-        _graph_walk_timer.ACTIVE.append(self)
+        with self.meter:
+            self._report_dead()
+            training = torch.is_grad_enabled() and self.ddp.require_backward_grad_sync
+            if training and not self._open:
+                self.send()
+                self.report_cost()  # at most once a second: a live view sees it
+                self.iteration += 1
+                self._open, self._cb_queued = True, False
+                self._got = set()
+                if self.new_run():  # watched in one cluster.run, trained in the next
+                    self.announce()
+                if self.rec.generation != self._seen_generation:
+                    self._check_hooks()
+            if training:
+                self._part.forwards += 1
+            self.walk_start = self.walk_end = None
+            _graph_walk_timer.ACTIVE.append(self)
 
     def _after_forward(self, _module: Any, _args: Any, output: Any) -> None:
+        with self.meter:
+            self._forward_ended(output)
+
+    def _forward_ended(self, output: Any) -> None:
         if _graph_walk_timer.ACTIVE and _graph_walk_timer.ACTIVE[-1] is self:
             _graph_walk_timer.ACTIVE.pop()
         if not self.attached:
@@ -228,29 +237,36 @@ class LifecycleProbe(Attachment):
 
     # -- backward ----------------------------------------------------------------------------
     def _began(self, fwd: _Forward) -> Callable[[Any], None]:
+        meter = self.meter
+
         def hook(_grad_outputs: Any) -> None:
-            fwd.began = True
-            if self.attached and not self._cb_queued:
-                self._cb_queued, self._in_backward = True, True
-                _engine.queue_callback(self._at_end(PASSES))
+            with meter:
+                fwd.began = True
+                if self.attached and not self._cb_queued:
+                    self._cb_queued, self._in_backward = True, True
+                    _engine.queue_callback(self._at_end(PASSES))
 
         return hook
 
     def _ready_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        meter = self.meter
+
         def hook(param: torch.Tensor) -> None:
-            # An undefined gradient (Note [Undefined gradients]) is no gradient.
-            if self.attached and index not in self._got and param.grad is not None:
-                self._got.add(index)
-                self._part.ready.append(index)
+            with meter:
+                # An undefined gradient (Note [Undefined gradients]) is no gradient.
+                if self.attached and index not in self._got and param.grad is not None:
+                    self._got.add(index)
+                    self._part.ready.append(index)
 
         return hook
 
     def _at_end(self, passes: int) -> Callable[[], None]:
         def callback() -> None:
-            if passes > 1:
-                _engine.queue_callback(self._at_end(passes - 1))
-            else:
-                self._backward_ended()
+            with self.meter:
+                if passes > 1:
+                    _engine.queue_callback(self._at_end(passes - 1))
+                else:
+                    self._backward_ended()
 
         return callback
 
@@ -280,10 +296,10 @@ class LifecycleProbe(Attachment):
             self._check("unfinished", part.unready, [], message)
 
     def _stepped(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        if self._in_backward and any(
-            id(p) in self.fqn for g in optimizer.param_groups for p in g["params"]
-        ):
-            self._part.steps += 1
+        if self._in_backward:
+            with self.meter:
+                if any(id(p) in self.fqn for g in optimizer.param_groups for p in g["params"]):
+                    self._part.steps += 1
 
     # -- collectives -------------------------------------------------------------------------
     def _on_record(self, record: _ring.Record) -> None:
@@ -292,16 +308,18 @@ class LifecycleProbe(Attachment):
         # while its iteration is open.
         if not self.attached or not self.in_announced_run():
             return
-        self._report_dead()
-        issuer = record[7]
-        if self.iteration > self._done_at_watch and (
-            issuer == self.serial or (issuer is None and self._open)
-        ):
-            self._hold(record)
+        with self.meter:
+            self._report_dead()
+            issuer = record[7]
+            if self.iteration > self._done_at_watch and (
+                issuer == self.serial or (issuer is None and self._open)
+            ):
+                self._hold(record)
 
     def _on_launch(self, launch: _spy.Launch) -> None:
         if self.attached and self.iteration > self._done_at_watch and self.in_announced_run():
-            self._hold(launch)
+            with self.meter:
+                self._hold(launch)
 
     def _hold(self, item: _ring.Record | _spy.Launch) -> None:
         with self._lock:

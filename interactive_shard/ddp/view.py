@@ -210,7 +210,7 @@ class LifecycleView(PanelView[LifecycleModel]):
     def _redraw(self) -> None:
         revision = self.model.revision
         if self._changed("status", (revision, self.rank)):
-            self.status_html.value = self._status()
+            self._set_status(self._status())
         inst = self.instance
         self.details.layout.display = "none" if inst is None else ""
         if inst is None:

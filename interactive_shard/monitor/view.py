@@ -21,6 +21,7 @@ from interactive_shard.telemetry.rank_state import RankState
 from interactive_shard.ui import live
 from interactive_shard.ui.colors import STATE_COLORS
 from interactive_shard.ui.redraw import Redrawn, retitled, spec_of
+from interactive_shard.ui.view_base import with_badge
 
 if TYPE_CHECKING:
     from interactive_shard.cluster.run import Run
@@ -123,7 +124,8 @@ class MonitorView(live.LazyWidget):
             return
         model = self._follow()
         states = self._states(model)
-        self._title.value = self._header()
+        store = model.store if model is not None else None
+        self._title.value = with_badge(self._header(), store)  # the run's own cost after it
         for r, state in enumerate(states):
             status = model.ranks[r] if model else None
             step = f" · step {status.step}" if status and status.step else ""

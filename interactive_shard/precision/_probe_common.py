@@ -92,6 +92,7 @@ class PrecisionRecorder(Attachment):
 
     kind = "precision probe"
     title = "PrecisionProbe"
+    feature = "precision"
 
     wrapper: str = ""
 
@@ -297,7 +298,8 @@ def _stepping(recorder: PrecisionRecorder) -> Callable[[], None]:
 def _before_any_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     for recorder in list(_STEPPING):
         try:
-            recorder._before_step(optimizer)
+            with recorder.meter:
+                recorder._before_step(optimizer)
         except Exception:  # pragma: no cover - a bug in the probe
             log.exception("precision probe: reading the optimizer step failed")
 
@@ -373,7 +375,8 @@ def _spying(real: ModuleType, name: str, op: str, pick: Pick) -> Callable[..., A
             if isinstance(sent, torch.Tensor) and sent.is_floating_point():
                 recorder, unit = scope
                 try:
-                    recorder.collective(unit, op, sent)
+                    with recorder.meter:
+                        recorder.collective(unit, op, sent)
                 except Exception:  # pragma: no cover
                     log.exception("precision probe: recording a collective failed")
         return getattr(real, name)(*args, **kwargs)

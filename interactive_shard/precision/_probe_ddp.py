@@ -42,8 +42,9 @@ class _ReducerSpy:
 
 @guarded
 def _note_bucket(recorder: PrecisionRecorder, bucket: Any) -> None:
-    recorder.collective("", "all_reduce", bucket.buffer())
-    recorder.seen("", "param", common.distinct(p.dtype for p in bucket.parameters()))
+    with recorder.meter:
+        recorder.collective("", "all_reduce", bucket.buffer())
+        recorder.seen("", "param", common.distinct(p.dtype for p in bucket.parameters()))
 
 
 class DdpRecorder(PrecisionRecorder):
@@ -75,14 +76,14 @@ class DdpRecorder(PrecisionRecorder):
         undo = self.undo
         handles = [
             ddp.register_forward_pre_hook(
-                guarded(self._before_cast), prepend=True, with_kwargs=True
+                self.timed(self._before_cast), prepend=True, with_kwargs=True
             ),
             # After DDP's _root_copy_hook (registered at construction): the cast inputs
             # and the low-precision parameters the forward computes with.
-            ddp.module.register_forward_pre_hook(guarded(self._after_cast), with_kwargs=True),
-            ddp.register_forward_hook(guarded(self._output), always_call=True),
+            ddp.module.register_forward_pre_hook(self.timed(self._after_cast), with_kwargs=True),
+            ddp.register_forward_hook(self.timed(self._output), always_call=True),
         ]
-        grad_hook = guarded(self._note_grad)
+        grad_hook = self.timed(self._note_grad)
         handles += [
             p.register_post_accumulate_grad_hook(grad_hook)  # type: ignore[no-untyped-call, unused-ignore]
             for p in self._params

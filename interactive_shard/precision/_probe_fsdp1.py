@@ -50,7 +50,8 @@ def _post_backward_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 def _note_grad(recorder: PrecisionRecorder, unit: str, handle: Any) -> None:
     grad = handle.flat_param.grad
     if grad is not None:
-        recorder.seen(unit, "grad", [str(grad.dtype)])
+        with recorder.meter:
+            recorder.seen(unit, "grad", [str(grad.dtype)])
 
 
 _NAMES = list(common.COLLECTIVES)
@@ -112,22 +113,21 @@ class Fsdp1Recorder(PrecisionRecorder):
 
     def _install(self, root: nn.Module) -> None:
         undo = self.undo
-        undo.append(
-            root.register_forward_pre_hook(lambda m, a: self.begin_forward(), prepend=True).remove
-        )
+        begin = self.timed(lambda m, a: self.begin_forward())
+        undo.append(root.register_forward_pre_hook(begin, prepend=True).remove)
         for fqn, wrapper in self._wrappers:
             inner = wrapper._fsdp_wrapped_module
             handles = [
                 # FSDP1 casts inside forward(): the wrapper's pre-hook sees the inputs
                 # before, the wrapped module's after (Note, FSDP1).
                 wrapper.register_forward_pre_hook(
-                    guarded(self._before_cast(fqn)), prepend=True, with_kwargs=True
+                    self.timed(self._before_cast(fqn)), prepend=True, with_kwargs=True
                 ),
                 inner.register_forward_pre_hook(
-                    guarded(self._after_cast(fqn, wrapper)), with_kwargs=True
+                    self.timed(self._after_cast(fqn, wrapper)), with_kwargs=True
                 ),
                 wrapper.register_forward_hook(
-                    guarded(self._output(fqn, wrapper is root)), always_call=wrapper is root
+                    self.timed(self._output(fqn, wrapper is root)), always_call=wrapper is root
                 ),
             ]
             undo += [h.remove for h in handles]
@@ -171,7 +171,7 @@ class Fsdp1Recorder(PrecisionRecorder):
     def _wrap_unshard(self, fqn: str, handle: Any) -> None:
         had = handle.__dict__.get("unshard")
         scoped = common.in_scope(self, fqn, handle.unshard)
-        note = guarded(lambda: self.seen(fqn, "param", [str(handle.flat_param.dtype)]))
+        note = self.timed(lambda: self.seen(fqn, "param", [str(handle.flat_param.dtype)]))
 
         def unshard(*args: Any, **kwargs: Any) -> Any:
             out = scoped(*args, **kwargs)

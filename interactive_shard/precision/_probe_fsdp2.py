@@ -15,7 +15,7 @@ from interactive_shard.precision import _probe_common as common
 from interactive_shard.precision._policy import policy_of
 from interactive_shard.precision._probe_common import PrecisionRecorder, floating
 from interactive_shard.precision.events import Unit
-from interactive_shard.probing import guarded, in_backward
+from interactive_shard.probing import in_backward
 from interactive_shard.probing.compat import fsdp as compat_fsdp
 from interactive_shard.probing.compat.fsdp import param_groups as fsdp_param_groups
 
@@ -114,7 +114,8 @@ class Fsdp2Recorder(PrecisionRecorder):
     def _install(self, root: nn.Module) -> None:
         undo = self.undo
         # Before FSDP's own pre-forward (prepend): the root's cast belongs to the new iteration.
-        handle = root.register_forward_pre_hook(lambda m, a: self.begin_forward(), prepend=True)
+        begin = self.timed(lambda m, a: self.begin_forward())
+        handle = root.register_forward_pre_hook(begin, prepend=True)
         undo.append(handle.remove)
         hsdp = False
         for fqn, state, modules in self._states:
@@ -124,17 +125,17 @@ class Fsdp2Recorder(PrecisionRecorder):
             for m in modules:
                 if by_hooks:  # prepended after fully_shard: before FSDP's pre-forward
                     handle = m.register_forward_pre_hook(
-                        guarded(self._before_cast(fqn)), prepend=True, with_kwargs=True
+                        self.timed(self._before_cast(fqn)), prepend=True, with_kwargs=True
                     )
                     undo.append(handle.remove)
                 handles = [
                     # Appended: after FSDP's pre-forward, the unsharded compute parameters.
                     m.register_forward_pre_hook(
-                        guarded(self._after_pre_forward(fqn, state)), with_kwargs=True
+                        self.timed(self._after_pre_forward(fqn, state)), with_kwargs=True
                     ),
-                    m.register_forward_hook(guarded(self._before_output(fqn)), prepend=True),
+                    m.register_forward_hook(self.timed(self._before_output(fqn)), prepend=True),
                     m.register_forward_hook(
-                        guarded(self._after_output(fqn, m is root)), always_call=m is root
+                        self.timed(self._after_output(fqn, m is root)), always_call=m is root
                     ),
                 ]
                 undo += [h.remove for h in handles]
@@ -149,7 +150,7 @@ class Fsdp2Recorder(PrecisionRecorder):
         sees the inputs before and after the unit's cast (Note, step 2)."""
         had = state.__dict__.get("_cast_forward_inputs")
         original = state._cast_forward_inputs
-        observe = guarded(self._observe_cast)
+        observe = self.timed(self._observe_cast)
 
         def cast(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             new_args, new_kwargs = original(args, kwargs)
@@ -231,8 +232,8 @@ class Fsdp2Recorder(PrecisionRecorder):
     def _wrap_group(self, fqn: str, group: Any) -> None:
         undo = self.undo
         pre_backward, post_backward = group.pre_backward, group.post_backward
-        note_param = guarded(lambda: self.seen(fqn, "param", _unsharded_dtypes([group])))
-        note_grad = guarded(lambda: self.seen(fqn, "grad", _unsharded_grad_dtypes(group)))
+        note_param = self.timed(lambda: self.seen(fqn, "param", _unsharded_dtypes([group])))
+        note_grad = self.timed(lambda: self.seen(fqn, "grad", _unsharded_grad_dtypes(group)))
 
         def pre(*args: Any, **kwargs: Any) -> Any:
             out = pre_backward(*args, **kwargs)
@@ -356,6 +357,7 @@ class _SpyReduceScatter(ReduceScatter):
 
 def _note(recorder: PrecisionRecorder, unit: str, op: str, sent: torch.Tensor) -> None:
     try:
-        recorder.collective(unit, op, sent)
+        with recorder.meter:
+            recorder.collective(unit, op, sent)
     except Exception:  # pragma: no cover
         log.exception("precision probe: recording a collective failed")

@@ -158,7 +158,7 @@ class PrecisionView(PanelView[PrecisionModel]):
         rank, it, plan = self.rank, self.iteration, self.plan
         data = (self.model.revision, rank, it, id(plan))
         if self._changed("data", data):
-            self.status_html.value = self._status()
+            self._set_status(self._status())
             self.differences_html.value = _view_text.differences_html(self.differences(), plan)
             self.findings_html.value = self.findings_text()
             self._draw("bytes", bytes_parts(self.model, rank=rank, iteration=it))

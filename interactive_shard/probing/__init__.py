@@ -32,11 +32,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from interactive_shard.probing.compat import autograd as compat_autograd
+from interactive_shard.telemetry.meter import Meter
 
 log = logging.getLogger(__name__)
 
 _task_id = compat_autograd.graph_task_id  # -1 outside backward
+_compiling = torch.compiler.is_compiling
 
 
 def in_backward() -> bool:
@@ -45,13 +49,18 @@ def in_backward() -> bool:
     return _task_id() != -1
 
 
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+def guarded(fn: Callable[..., Any], meter: Meter | None = None) -> Callable[..., Any]:
     """``fn`` as a hook that never breaks the user's step: a probe bug is logged once,
-    not raised, and the hook returns None (the engine goes on as without it)."""
+    not raised, and the hook returns None (the engine goes on as without it). With a
+    ``meter`` its time counts to the probe's own cost (``Attachment.timed``), except
+    while dynamo traces it: a clock read in a graph would be a constant."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            if meter is None or _compiling():
+                return fn(*args, **kwargs)
+            with meter:
+                return fn(*args, **kwargs)
         except Exception:  # pragma: no cover - a bug in the probe, not in the user's model
             if not getattr(call, "_logged", False):
                 call._logged = True  # type: ignore[attr-defined]

@@ -9,6 +9,13 @@ goes out; its events go out through ``emit`` (counted in ``emitted``); and a mod
 watched in one ``cluster.run`` and trained in the next announces itself again
 (``watching(event)`` names the watch event, ``new_run()`` / ``announce()`` send it
 again), since each run's store is its own.
+
+Its own cost: ``meter`` (``telemetry.meter``, one per feature and process) times the
+probe's callbacks, their event sending included: a hook registered as
+``self.timed(fn)`` (guarded and timed), a method body in ``with self.meter:``, a wrapper
+around a real call ``self.meter.add(...)`` for its own parts only. ``report_cost`` sends
+it as an ``Overhead`` event named ``feature``: at every explicit send (a flush, a
+detach) and at most once a second from ``begin_iteration``, so a live view sees it.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import msgspec
 
-from interactive_shard.probing import in_backward
+from interactive_shard.probing import guarded, in_backward
+from interactive_shard.telemetry import meter as meters
 from interactive_shard.telemetry import rank as telemetry
 from interactive_shard.telemetry.rank import current_run
 
@@ -31,13 +40,15 @@ class Attachment:
 
     kind = "probe"  # in the log line of an undo that failed
     title = ""  # the name its repr shows (default: the class's)
+    feature = ""  # the feature whose probe it is: its ``Overhead`` name ("": none sent)
 
     def __init__(self) -> None:
         self.iteration = 0  # iterations of the watched model (numbered from 1)
         self.attached = True
         self.emitted = 0  # events sent through ``emit``
         self.watched: msgspec.Struct | None = None  # the watch event (``watching``)
-        self.undo: list[Callable[[], object]] = [telemetry.before_flush(self.send)]
+        self.meter = meters.of(self.feature) if self.feature else meters.Meter()
+        self.undo: list[Callable[[], object]] = [telemetry.before_flush(self._flushed)]
         self.announced_in = current_run()
 
     def __repr__(self) -> str:
@@ -61,6 +72,24 @@ class Attachment:
     def send(self) -> None:
         """Send what the probe holds (an explicit flush, a detach); nothing by default."""
 
+    def _flushed(self) -> None:
+        self.send()
+        self.report_cost(now=True)
+
+    # -- its own cost ------------------------------------------------------------------------
+    def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` as a hook that never breaks the step (``probing.guarded``) and whose time
+        counts to the probe's own cost (``meter``)."""
+        return guarded(fn, self.meter)
+
+    def report_cost(self, *, now: bool = False) -> None:
+        """Send what the probe's feature has cost this rank in this run (``Overhead``):
+        ``now``, or when due (at most once a second). Not counted in ``emitted``."""
+        if self.feature and (now or self.meter.due()):
+            event = self.meter.overhead(self.feature, self.iteration)
+            if event is not None:
+                telemetry.emit(event.KIND, msgspec.to_builtins(event))
+
     def watching(self, event: msgspec.Struct) -> None:
         """Say what is watched: send its watch ``event`` now and ``announce`` it again in
         every later ``cluster.run`` the model works in."""
@@ -80,6 +109,7 @@ class Attachment:
         if in_backward() or not self.attached:
             return False
         self.send()
+        self.report_cost()
         self.iteration += 1
         if self.new_run():  # watched in one cluster.run, trained in the next
             self.announce()
@@ -122,6 +152,7 @@ class Attachment:
             return
         try:
             self.send()
+            self.report_cost(now=True)
         except Exception:  # pragma: no cover - a probe bug: what it installed still goes
             log.exception("%s: sending what it held failed", self.kind)
         self.attached = False

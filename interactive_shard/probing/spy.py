@@ -16,6 +16,10 @@ The end time is noted by a Python callback on the backend's thread, so it needs 
 the backend marks the future complete (waking DDP's wait) *before* it runs callbacks, and
 the callback can still be waiting for the GIL when the probe reads the launch. ``settle``
 lets it run (see Note [DDP bucket probe], "Nested backward").
+
+Its own cost (``run.overhead``) counts to the probe that put it there (``meter``): the
+time after the real all-reduce returns, until its listeners are called (each listener
+times itself); never the all-reduce's launch, which DDP pays unwatched too.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from interactive_shard.telemetry.meter import Meter
+
 log = logging.getLogger(__name__)
 _monotonic = time.monotonic
+_clock = time.perf_counter  # the spy's own cost (telemetry.meter's clock)
 
 
 @dataclass(slots=True, eq=False)
@@ -70,10 +77,16 @@ class Launch:
 
 
 class SpyGroup(dist.ProcessGroup):
-    def __init__(self, inner: dist.ProcessGroup, on_launch: Callable[[Launch], None]) -> None:
+    def __init__(
+        self,
+        inner: dist.ProcessGroup,
+        on_launch: Callable[[Launch], None],
+        meter: Meter | None = None,
+    ) -> None:
         super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg]  # no store: a wrapper
         self.inner = inner
         self.listeners = [on_launch]  # the bucket probe, a timeline probe: one spy for both
+        self.meter = Meter() if meter is None else meter  # its own parts (module docstring)
         # Collectives not overridden here dispatch to these: the real backends.
         for device in ("cpu", "cuda"):
             try:
@@ -90,9 +103,11 @@ class SpyGroup(dist.ProcessGroup):
             work = self.inner.allreduce(tensors, opts)
         tensor = tensors[0]
         if tensor.is_floating_point():
+            own = _clock()
             fut = work.get_future()
             launch = Launch(start, tensor.numel(), tensor.element_size(), fut)
             launch.noted = fut.then(launch.note_end)
+            self.meter.add(_clock() - own, start=own)
             for listener in list(self.listeners):
                 listener(launch)
         return work
@@ -121,9 +136,11 @@ def _backend_type(backend: Any) -> Any:
     return types.CUSTOM
 
 
-def attach(ddp: Any, on_launch: Callable[[Launch], None]) -> SpyGroup | None:
+def attach(
+    ddp: Any, on_launch: Callable[[Launch], None], meter: Meter | None = None
+) -> SpyGroup | None:
     """Put a spy in front of DDP's process group (or join the one already there); None
-    where this torch cannot."""
+    where this torch cannot. ``meter``: the probe its own cost counts to (the first's)."""
     present = ddp.__dict__.get("_ish_spy")
     if isinstance(present, SpyGroup):
         present.listeners.append(on_launch)
@@ -138,7 +155,7 @@ def attach(ddp: Any, on_launch: Callable[[Launch], None]) -> SpyGroup | None:
     if any(getattr(p, "_is_sparse_grad", False) for p in ddp.parameters()):
         return None
     try:
-        spy = SpyGroup(ddp.process_group, on_launch)
+        spy = SpyGroup(ddp.process_group, on_launch, meter)
         reducer._update_process_group(spy)
     except Exception:  # older or different torch: the comm hook path still works
         log.debug("process-group spy unavailable; using a comm hook", exc_info=True)

@@ -260,7 +260,7 @@ class SplitsView(PanelView[SplitsModel]):
         data = (self.model.revision, self.rank, self.index)
         position = self._position()
         if self._changed("data", data):
-            self.status_html.value = self._status()
+            self._set_status(self._status())
             self._place_sliders()
         self.details.layout.display = "" if comp is not None else "none"
         selected = self._selected_index()

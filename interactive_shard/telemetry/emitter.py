@@ -24,8 +24,8 @@ import msgspec
 import zmq
 
 from interactive_shard.telemetry import schema
-from interactive_shard.telemetry.meter import Meter
-from interactive_shard.telemetry.run_events import RankInfo
+from interactive_shard.telemetry.meter import Meter, restart_all, thread_clock
+from interactive_shard.telemetry.run_events import RankInfo, payload
 from interactive_shard.telemetry.schema import (
     MAX_MESSAGE_BYTES,
     MAX_STEP,
@@ -113,7 +113,7 @@ class Emitter:
         self._step = 0
         self.dropped = 0  # events that never left: see the module docstring
         self.taken = 0  # events of the current run taken from the buffer to send (or drop)
-        self.sending = Meter()  # the background flushes' own time (Overhead "sending")
+        self.sending = Meter(steady=True)  # the background flushes' time (Overhead "sending")
         self._max_batch = max_batch
         self._buffer: list[_Buffered] = []
         self._lock = threading.Lock()
@@ -211,12 +211,25 @@ class Emitter:
             self.run = run
             self._step = 0
             self.taken = 0
+            self.sending.restart()  # each run states its own cost (telemetry/meter.py)
+            restart_all()
         self.announce()
 
     def flush(self, *, final: bool = False) -> None:
         _run_flush_hooks()  # outside the lock: the hooks emit
         with self._lock:
+            self._say_sending(now=True)
             self._send_locked(final=final)
+
+    def _say_sending(self, *, now: bool = False) -> None:
+        """What the background flushes cost so far (``Overhead`` ``"sending"``), at every
+        explicit flush, else at most once a second. Into the buffer, the lock held: a
+        run's final flush cannot come between (it would go out after the stream ended)."""
+        if now or self.sending.due():
+            event = self.sending.overhead("sending")
+            if event is not None:
+                said = (event.KIND, self.rank, self._step, _monotonic(), payload(event))
+                self._buffer.append(said)
 
     def _send_locked(self, *, final: bool) -> None:
         if self._closed:  # emitted after close(): nowhere to go
@@ -289,8 +302,11 @@ class Emitter:
             time.sleep(self._interval)
             if self._buffer:
                 try:
-                    with self._lock, self.sending:  # not flush(): its hooks are for explicit ones
+                    with self._lock:  # not flush(): its hooks are for explicit ones
+                        began = thread_clock()  # CPU time: not its waits for the GIL
                         self._send_locked(final=False)
+                        self.sending.add(thread_clock() - began)
+                        self._say_sending()
                 except Exception:  # never let the flusher die; emit would block later
                     log.exception("telemetry: rank %d: flushing events failed", self.rank)
 

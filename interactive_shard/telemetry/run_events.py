@@ -82,7 +82,10 @@ class Overhead(msgspec.Struct, kw_only=True, frozen=True):
     ``spent_s`` is the time in the probe's callbacks, its event sending included, of the
     ``active_s`` seconds from its first callback to its latest: their ratio is its share
     of the step (``run.overhead``). ``probe`` ``"sending"`` is the channel's background
-    flushes (encoding and writing batches), which every probe shares."""
+    flushes (encoding and writing batches), which every probe shares; it and
+    ``"collectives"`` (the ledger's listener and thread) run in the background: their
+    ``spent_s`` is their thread's CPU time, their ``active_s`` from the run's start to
+    the report. Each run counts from zero."""
 
     KIND: ClassVar[str] = schema.OVERHEAD
 

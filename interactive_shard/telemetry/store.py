@@ -187,6 +187,8 @@ class RunStore:
         parts: list[tuple[int, list[Event]]] = []
         with self._lock:
             end = len(self._events)
+            if start >= end:  # nothing new: what a cursor asks at every idle refresh
+                return [], end
             found = []
             for kind in kinds:
                 index = self._by_kind.get(kind)

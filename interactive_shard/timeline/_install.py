@@ -1,4 +1,8 @@
-"""Install the timeline probe's hooks on a model: Note [Timeline probe] in ``probe.py``."""
+"""Install the timeline probe's hooks on a model: Note [Timeline probe] in ``probe.py``.
+
+Its own cost (``rec.meter``, run.overhead): hooks are ``rec.timed``; a wrapper around a
+real call (a compiled region, FSDP2's backward methods, the user's hooks) times only
+its own parts, and every span it records is timed in ``SpanRecorder.add_at``."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from torch.optim.optimizer import (
 )
 
 from interactive_shard.probing import collectives as _collectives
-from interactive_shard.probing import guarded, in_backward
+from interactive_shard.probing import in_backward
 from interactive_shard.probing import spy as _spy
 from interactive_shard.probing.compat.dynamo import OptimizedModule
 from interactive_shard.probing.compat.fsdp import param_groups as fsdp_param_groups
@@ -132,8 +136,8 @@ def _root(rec: SpanRecorder, model: nn.Module, *, compiled: bool) -> None:
         if compiled and output is not None and torch.is_grad_enabled():
             _time_compiled(rec, "", output, above, it)
 
-    h1 = model.register_forward_pre_hook(guarded(pre), prepend=True, with_kwargs=True)
-    h2 = model.register_forward_hook(guarded(post), always_call=True)
+    h1 = model.register_forward_pre_hook(rec.timed(pre), prepend=True, with_kwargs=True)
+    h2 = model.register_forward_hook(rec.timed(post), always_call=True)
     rec.undo += [h1.remove, h2.remove]
 
 
@@ -165,9 +169,9 @@ def _eager(rec: SpanRecorder, name: str, m: nn.Module) -> None:
             )
 
     handles = [
-        m.register_forward_pre_hook(guarded(first), prepend=True),
-        m.register_forward_pre_hook(guarded(last), with_kwargs=True),
-        m.register_forward_hook(guarded(post), always_call=True),
+        m.register_forward_pre_hook(rec.timed(first), prepend=True),
+        m.register_forward_pre_hook(rec.timed(last), with_kwargs=True),
+        m.register_forward_hook(rec.timed(post), always_call=True),
     ]
     rec.undo += [h.remove for h in handles]
 
@@ -178,11 +182,12 @@ def _compiled_region(rec: SpanRecorder, name: str, m: nn.Module) -> None:
     def call(*args: Any, **kwargs: Any) -> Any:
         if not rec.attached or in_backward():
             return original(*args, **kwargs)
-        start, above, it = rec.stamp(), _graph.boundary(args, kwargs), rec.iteration
+        with rec.meter:  # its own parts only, not the compiled region's
+            start, above, it = rec.stamp(), _graph.boundary(args, kwargs), rec.iteration
         out = original(*args, **kwargs)
         rec.add("compiled_forward", name, start, rec.stamp())
         if torch.is_grad_enabled():
-            guarded(_time_compiled)(rec, name, out, above, it)
+            rec.timed(_time_compiled)(rec, name, out, above, it)
         return out
 
     m._compiled_call_impl = call
@@ -301,7 +306,7 @@ def _ddp_hooks(rec: SpanRecorder, ddp: DDP) -> None:
             t = clock()
             rec.add("hook", f"grad_ready:{name}", t, t, {"param": name})
 
-        handle = p.register_post_accumulate_grad_hook(guarded(ready))
+        handle = p.register_post_accumulate_grad_hook(rec.timed(ready))
         rec.undo.append(handle.remove)
     group = getattr(ddp.process_group, "group_name", "default")
     size = ddp.process_group.size()
@@ -316,7 +321,7 @@ def _ddp_hooks(rec: SpanRecorder, ddp: DDP) -> None:
         }
         rec.collective("all_reduce", launch.start_t, None, detail, launch)
 
-    spy = _spy.attach(ddp, launched)
+    spy = _spy.attach(ddp, launched, rec.meter)
     if spy is not None:
         rec.undo.append(lambda: _spy.detach(ddp, spy, launched))
 
@@ -374,7 +379,9 @@ def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     start = _step_starts.pop(id(optimizer), None)
     end = clock()
     for rec in list(_STEPPING):
-        if start is not None and rec.current() and _steps_watched(optimizer, rec):
-            rec.add("optimizer", type(optimizer).__name__, start, end)
-            rec.closed = True
-            rec.send()
+        if start is not None and rec.current():
+            with rec.meter:
+                if _steps_watched(optimizer, rec):
+                    rec.add("optimizer", type(optimizer).__name__, start, end)
+                    rec.closed = True
+                    rec.send()

@@ -56,6 +56,7 @@ class SpanRecorder(Attachment):
 
     kind = "timeline probe"
     title = "TimelineProbe"
+    feature = "timeline"
 
     def __init__(self, target: str, depth: int | None, modules: list[str]) -> None:
         self.target = target
@@ -139,16 +140,17 @@ class SpanRecorder(Attachment):
         """A finished span of ``iteration`` (a backward span, timed after its forward)."""
         if iteration < 1 or not self.attached:
             return
-        if not isinstance(end, float):  # CUDA events: resolved once the GPU got there
+        with self.meter:  # every span a hook or wrapper records: the probe's own cost
+            if not isinstance(end, float):  # CUDA events: resolved once the GPU got there
+                with self._lock:
+                    self._timed.append((iteration, kind, name, start, end, detail or {}))
+                return
+            span = Span(kind=kind, name=name, start=start, end=end, detail=detail or {})  # type: ignore[arg-type]
             with self._lock:
-                self._timed.append((iteration, kind, name, start, end, detail or {}))
-            return
-        span = Span(kind=kind, name=name, start=start, end=end, detail=detail or {})  # type: ignore[arg-type]
-        with self._lock:
-            self._done.append((iteration, span))
-            full = len(self._done) >= SEND_AT
-        if full:
-            self.send()
+                self._done.append((iteration, span))
+                full = len(self._done) >= SEND_AT
+            if full:
+                self.send()
 
     def collective(
         self, op: str, start: float, end: float | None, detail: dict[str, Any], work: Any
@@ -156,6 +158,12 @@ class SpanRecorder(Attachment):
         """A collective (``_collectives.Listener``): finished (``end``) or still running."""
         if not self.current():
             return
+        with self.meter:
+            self._collective(op, start, end, detail, work)
+
+    def _collective(
+        self, op: str, start: float, end: float | None, detail: dict[str, Any], work: Any
+    ) -> None:
         detail = {"op": op, **detail, "backward": in_backward()}
         if end is not None:
             self.add("collective", op, start, end, detail)

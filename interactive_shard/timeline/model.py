@@ -177,7 +177,8 @@ class TimelineModel(ShowsView):
 
     def _origin(self) -> float | None:
         firsts = []
-        for rank, here in self._index.ranks.items():
+        # A snapshot: offset() reads the store again (update), which may file new ranks.
+        for rank, here in list(self._index.ranks.items()):
             for it in here.iterations():
                 first = self._decode(rank, it).iteration.first
                 if first is not None:

@@ -283,7 +283,7 @@ class TimelineView(PanelView[TimelineModel]):
         revisions = tuple(m.revision for m in self._models())
         shown = (revisions, self.showing, tuple(self.ranks), self.chosen_iteration)
         if self._changed("status", revisions):
-            self.status_html.value = self._status()
+            self._set_status(self._status())
         if self._changed("timeline", (*shown, self.depth)):
             self._draw("timeline", self._timeline_spec())
         if self._changed("order", (*shown, self.rank)):

@@ -16,19 +16,23 @@ While ranks run ``ui.live`` calls ``refresh()`` at most 10 times a second, which
 
 Every selector that can follow the newest iteration, compile or instance has one value
 for it, ``LATEST``; those count from 1.
+
+A view's status line (``_set_status``) ends with the run's own cost, a small muted badge
+(``badge_html``: ``telemetry.overhead``), brought up to date at every refresh.
 """
 
 from __future__ import annotations
 
 import contextlib
 import html
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from interactive_shard.telemetry import rank_info
+from interactive_shard.telemetry import overhead, rank_info
 from interactive_shard.ui import live
 from interactive_shard.ui.redraw import Redrawn, Spec, spec_of
 
@@ -59,6 +63,38 @@ def heading(text: str) -> widgets.HTML:
     return widgets.HTML(f"<h4 style='margin:12px 0 4px 0'>{html.escape(text)}</h4>")
 
 
+_BADGES: weakref.WeakKeyDictionary[overhead.OverheadModel, tuple[int, str]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def badge_html(store: Any) -> str:
+    """What the run's probes cost its steps, as a small muted span for a status line
+    (``"probes: 1.8% of the step (most: rank 1, 2.1%)"``); empty before any probe said.
+    One reader per store, its HTML remade only when a report arrived (views refresh
+    10 times a second, probes report once)."""
+    if store is None:
+        return ""
+    reader = overhead.of(store)
+    cached = _BADGES.get(reader)
+    if cached is None or cached[0] != reader.revision:
+        text = reader.badge(rank_info.of(store).label)
+        span = (
+            "<span class='ish-overhead' style='color:#888;font-size:85%' title='time in the "
+            f"probes&#39; own code (run.overhead)'>{html.escape(text)}</span>"
+            if text
+            else ""
+        )
+        cached = _BADGES[reader] = (reader.revision, span)
+    return cached[1]
+
+
+def with_badge(status: str, store: Any) -> str:
+    """``status`` with the run's own cost after it (``badge_html``)."""
+    badge = badge_html(store)
+    return f"{status} · {badge}" if status and badge else status or badge
+
+
 def selector(description: str, options: list[Any], value: Any, width: str | None = None) -> Any:
     """A dropdown selector (rank, unit, compile, DDP instance...); ``width``: CSS."""
     return widgets.Dropdown(
@@ -83,6 +119,7 @@ class PanelView(live.LazyWidget, Generic[M]):
         self._ranks_box: widgets.Dropdown | None = None  # the rank selector, if any
         self._box: widgets.BoundedIntText | None = None  # the iteration number box, if any
         self._quiet = False  # set while the view itself moves a control
+        self._status_text = ""  # the view's own status line (``_set_status``)
 
     # -- state (no widgets) ----------------------------------------------------------------
     @property
@@ -173,6 +210,17 @@ class PanelView(live.LazyWidget, Generic[M]):
         self._update()
         self._sync_controls()
         self._redraw()
+        self._show_status()
+
+    def _set_status(self, text: str) -> None:
+        """Show ``text`` (HTML) as the status line, the run's own cost after it."""
+        self._status_text = text
+        self._show_status()
+
+    def _show_status(self) -> None:
+        value = with_badge(self._status_text, getattr(self.model, "store", None))
+        if self.status_html.value != value:  # most refreshes change nothing
+            self.status_html.value = value
 
     def _update(self) -> None:
         self.model.update()

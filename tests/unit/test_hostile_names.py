@@ -18,6 +18,8 @@ from interactive_shard import features, testing
 from interactive_shard.cluster.run import Run
 from interactive_shard.monitor.view import MonitorView
 from interactive_shard.telemetry import Event
+from interactive_shard.telemetry.run_events import Overhead
+from interactive_shard.telemetry.schema import record_event
 
 LINK = '<a href="https://example.com">x</a>'
 HOSTILE = f'{LINK}<span style="color:red">y</span>'
@@ -91,6 +93,10 @@ RUNS: dict[str, Callable[[], list[Event]]] = {
         buffers=[f"{HOSTILE}.running_mean"],
         unused=[f"{HOSTILE}.bias"],
     ).events(),
+    "overhead": lambda: [
+        record_event(Overhead(probe=HOSTILE, spent_s=0.01, active_s=1.0), r, 1, 1000.0)
+        for r in (0, 1)
+    ],
 }
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.run_events import Overhead
@@ -205,6 +205,8 @@ def of(store: RunStore) -> OverheadModel:
     """The one reader of ``store`` (the views' badges share it), brought up to date."""
     found = _READERS.get(store)
     if found is None:
-        found = _READERS[store] = OverheadModel(store)
+        # The store through a weak proxy: a value of ``_READERS`` that held its key would
+        # keep every run's store (all its events) alive for the kernel's life.
+        found = _READERS[store] = OverheadModel(cast(RunStore, weakref.proxy(store)))
     found.update()
     return found

@@ -3,7 +3,9 @@ step]), ``run.overhead`` and the badge every view's status line ends with."""
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 
 import plotly.graph_objects as go
 import pytest
@@ -141,3 +143,12 @@ def test_a_refresh_with_nothing_new_costs_little() -> None:
     for _ in range(1000):
         badge_html(store)
     assert (time.perf_counter() - start) / 1000 < 100e-6  # views refresh 10 times a second
+
+
+def test_the_badge_reader_does_not_keep_its_store_alive() -> None:
+    store = make_store([])
+    assert overhead.of(store).badge() == ""
+    gone = weakref.ref(store)
+    del store
+    gc.collect()
+    assert gone() is None

@@ -108,6 +108,7 @@ class LedgerRecorder:
         self._read_after = -1  # Flight Recorder record ids read so far
         self._main = threading.main_thread().ident
         self._stop = threading.Event()
+        self._read_after = _inherited_records()
         self.meter = meters.of("collectives", steady=True)  # its own cost (module docstring)
         self._sent_in: int | None = -1  # the run it last sent a ledger in
         self.records = compat_fr.enable(RING)
@@ -425,6 +426,33 @@ def start() -> LedgerRecorder | None:
         if _recorder is None:
             _recorder = LedgerRecorder()
         return _recorder
+
+
+def _inherited_records() -> int:
+    """The newest record id of the Flight Recorder's entries made before this process
+    began (-1: none). A rank forked from a process that ran collectives (a Cluster's,
+    started with fork, from a kernel that ran some) inherits its ring: entries of the
+    parent's groups, numbered as this rank's own will be. The ledger reads only after."""
+    began = _process_start_ns()
+    data = compat_fr.dump_json() if began is not None and compat_fr.enable(RING) else None
+    try:
+        entries = decode_json(data).entries if data else []
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return -1
+    old = [e.record_id for e in entries if e.time_created_ns and e.time_created_ns < began]
+    return max(old, default=-1)
+
+
+def _process_start_ns() -> int | None:
+    """When this process began, on the wall clock in ns (Linux; None elsewhere): its
+    start in clock ticks after boot (``/proc/self/stat``), against the boot clock now."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
+        return None
+    return int((time.time() - age) * 1e9)
 
 
 def prepare() -> None:

@@ -202,3 +202,36 @@ def test_a_hang_names_the_rank_the_others_wait_for(ranks: ish.Cluster) -> None:
     assert d is not None and (d.kind, d.ranks) == ("missing", [1])
     assert any(f.kind == "hang" for f in run.collectives.findings)
     assert ranks.run(healthy).collectives.divergence() is None  # the ranks work again
+
+
+def three_all_reduces(ctx: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    for _ in range(3):
+        dist.all_reduce(t)
+
+
+def test_a_forked_rank_reads_none_of_its_parents_flight_recorder(tmp_path: Any) -> None:
+    """A kernel that ran collectives itself (a notebook's single-process group) forks
+    ranks that inherit its Flight Recorder ring; their ledgers hold only their own."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2048")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        for _ in range(12):
+            dist.broadcast(torch.ones(2), 0)
+    finally:
+        dist.destroy_process_group()
+    with ish.Cluster(2, start_method="fork") as cluster:
+        run = cluster.run(three_all_reduces).wait(timeout=120)
+    ledger = run.collectives
+    for rank in range(2):
+        entries = ledger.entries(rank)
+        assert [e.op for e in entries] == ["all_reduce"] * 3, entries

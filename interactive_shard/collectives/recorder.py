@@ -434,7 +434,9 @@ def _inherited_records() -> int:
     started with fork, from a kernel that ran some) inherits its ring: entries of the
     parent's groups, numbered as this rank's own will be. The ledger reads only after."""
     began = _process_start_ns()
-    data = compat_fr.dump_json() if began is not None and compat_fr.enable(RING) else None
+    if began is None or not compat_fr.enable(RING):
+        return -1
+    data = compat_fr.dump_json()
     try:
         entries = decode_json(data).entries if data else []
     except (msgspec.ValidationError, msgspec.DecodeError):

@@ -1,23 +1,34 @@
-"""A simulated wide run (64 ranks) streamed into one kernel: shared by ``bench_wide.py``
-and ``tests/integration/test_wide_stream.py``.
+"""A simulated wide run (64 ranks and more) streamed into one kernel, or recorded into
+one file per rank and merged: shared by ``bench_wide.py`` and
+``tests/integration/test_wide_stream.py``.
 
 ``_wide_events.rank_streams`` builds every rank's events, a few ranks deliberately
 faulty (``Faults``). ``stream`` replays them through the real wire into an
 ``ish.listen`` Listener: worker processes (``_wide_rank.py``, no torch) host the ranks,
 one ``Emitter`` each, while this process drives ``ui.live.tick()`` with every feature's
 view built on the Listener's run and times each refresh and each model update.
-``check_findings`` says whether the cross-rank findings name the faulty ranks.
+``record`` replays them into rank files instead (one ``FileEmitter`` a rank, as
+``ISH_RECORD=DIR`` records without a notebook), times ``ish.load(DIR)`` (the merge) and
+opens every view on the loaded run. ``check_findings`` says whether the cross-rank
+findings name the faulty ranks.
+
+Every simulated rank also says where it runs first (a ``rank`` event: ``RankInfo``) and
+that it finished last (a ``state`` event), as a real rank does; the emitter may add its
+own ``overhead`` events (what its sending cost): counted apart, neither lost nor extra.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,20 +41,30 @@ from _wide_events import DIVERGED_FQN, Faults, rank_streams
 import interactive_shard as ish
 from interactive_shard.cluster.run import Run
 from interactive_shard.features import FEATURES
-from interactive_shard.telemetry.schema import Event
+from interactive_shard.telemetry.schema import RANK, STATE, Event
 from interactive_shard.ui import live
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_wide_rank.py"
 VIEWS = tuple(f.name for f in FEATURES)
+# What each simulated rank sends besides its stream (_wide_rank.py): a RankInfo first,
+# a finished state last.
+BOOKENDS = {RANK: 1, STATE: 1}
 
 
 # -- the replay --------------------------------------------------------------------------
 def write_plans(
-    streams: dict[int, list[Event]], workers: int, address: str, token: str, folder: Path
+    streams: dict[int, list[Event]],
+    workers: int,
+    folder: Path,
+    *,
+    address: str = "",
+    token: str = "",
+    record: dict[str, Any] | None = None,
 ) -> list[Path]:
     """One msgpack plan per worker: its ranks (round robin) and their events, interleaved
-    by iteration as concurrent ranks would send them."""
+    by iteration as concurrent ranks would send them; streamed to ``address``, or
+    recorded as ``record`` says (``_wide_rank.py``)."""
     plans = []
     for w in range(workers):
         ranks = [r for r in sorted(streams) if r % workers == w]
@@ -53,6 +74,7 @@ def write_plans(
             "address": address,
             "token": token,
             "ranks": ranks,
+            "record": record,
             "events": [(e.kind, e.rank, e.step, e.payload) for e in merged],
         }
         path = folder / f"plan{w}.msgpack"
@@ -144,6 +166,31 @@ def timed_updates(classes: dict[str, type], timings: Timings) -> Iterator[None]:
                 cls.update = own[name]  # type: ignore[attr-defined]
 
 
+@contextmanager
+def gc_pauses() -> Iterator[dict[str, Any]]:
+    """The garbage collector's work while the block runs, whichever thread it ran on:
+    ``{"collections": per generation, "seconds": total, "longest_s"}`` (filled at exit).
+    A wide run's store holds millions of payload lists and dicts: every full collection
+    walks them all."""
+    out: dict[str, Any] = {"collections": [0, 0, 0], "seconds": 0.0, "longest_s": 0.0}
+    started: list[float] = []
+
+    def note(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            spent = time.perf_counter() - started.pop()
+            out["collections"][info["generation"]] += 1
+            out["seconds"] += spent
+            out["longest_s"] = max(out["longest_s"], spent)
+
+    gc.callbacks.append(note)
+    try:
+        yield out
+    finally:
+        gc.callbacks.remove(note)
+
+
 def stream(
     world_size: int,
     iterations: int,
@@ -159,8 +206,8 @@ def stream(
     t_gen = time.perf_counter()
     streams = rank_streams(world_size, iterations, faults)
     generated_s = time.perf_counter() - t_gen
-    expected = {r: collections.Counter(e.kind for e in events) for r, events in streams.items()}
-    total = sum(len(v) for v in streams.values())
+    expected = expected_counts(streams)
+    total = sum(sum(c.values()) for c in expected.values())
     timings = Timings()
     with ish.listen(world_size=world_size) as listener, tempfile.TemporaryDirectory() as tmp:
         run = listener.run
@@ -170,27 +217,18 @@ def stream(
             t_setup = time.perf_counter()
             shown = build_views(run, timings) if views else {}
             setup_s = time.perf_counter() - t_setup
-            plans = write_plans(streams, workers, listener.address, listener.token, Path(tmp))
+            plans = write_plans(
+                streams, workers, Path(tmp), address=listener.address, token=listener.token
+            )
             del streams
-            results = [Path(tmp) / f"result{w}.json" for w in range(workers)]
-            ready = [Path(tmp) / f"ready{w}" for w in range(workers)]
-            go = Path(tmp) / "go"
-            procs = [
-                subprocess.Popen([sys.executable, str(WORKER), str(p), str(out), str(r), str(go)])
-                for p, out, r in zip(plans, results, ready, strict=True)
-            ]
-            try:
-                _wait_ready(procs, ready, timeout)
-                start = time.monotonic()
-                go.touch()
-                _drive(listener, procs, timeout)
-            finally:
-                for p in procs:  # only when _drive failed: they all exited otherwise
-                    if p.poll() is None:
-                        p.kill()
-                    p.wait()
-            timings.phase = "catch_up"  # what arrived since the last throttled tick
-            live.tick(force=True)
+            procs, results, start = _start_workers(plans, Path(tmp), timeout)
+            with gc_pauses() as collected:  # the stream and the catch-up
+                try:
+                    _drive(listener, procs, timeout)
+                finally:
+                    _reap(procs)  # only when _drive failed: they all exited otherwise
+                timings.phase = "catch_up"  # what arrived since the last throttled tick
+                live.tick(force=True)
             timings.phase = "idle"
             for _ in range(idle_ticks):
                 live.tick(force=True)
@@ -200,15 +238,9 @@ def stream(
             for view in shown.values():
                 _close(view.widget)
         workers_out = [msgspec.json.decode(p.read_bytes()) for p in results]
-        stored = _stored(run)
+        tally = _tally(run, expected)
         rejected = listener._collector.rejected_by_reason  # no public accessor on a Listener
     t_all = filled[0] if filled else time.monotonic()  # not full: the loss shows below
-    lost = {
-        r: {k: n - stored.get(r, {}).get(k, 0) for k, n in kinds.items()}
-        for r, kinds in expected.items()
-    }
-    lost = {r: {k: n for k, n in d.items() if n} for r, d in lost.items()}
-    lost = {r: d for r, d in lost.items() if d}
     return {
         "world_size": world_size,
         "iterations": iterations,
@@ -220,10 +252,10 @@ def stream(
         "events_per_s": total / (t_all - start),
         "ingest_s": t_all - start,
         "emit_s": max(w["last_emit"] for w in workers_out) - start,
-        "stored": sum(sum(d.values()) for d in stored.values()),
-        "lost": lost,
+        **tally,
         "dropped": sum(sum(w["dropped"].values()) for w in workers_out),
         "rejected": rejected,
+        "gc": collected,
         "torch_in_workers": any(w["torch"] for w in workers_out),
         "refresh": _refresh_summary(timings),
         "models": {
@@ -233,6 +265,159 @@ def stream(
         "findings": findings,
         "faults": dataclasses.asdict(faults),
     }
+
+
+def record(
+    world_size: int,
+    iterations: int,
+    workers: int,
+    *,
+    idle_ticks: int = 10,
+    timeout: float = 600,
+    keep: Path | None = None,
+) -> dict[str, Any]:
+    """Generate, replay through ``workers`` processes into one rank file per rank
+    (``FileEmitter``, as ``ISH_RECORD`` records), merge them with ``ish.load(folder)``
+    (timed), check that the loaded run holds what each rank emitted, open every view on
+    it and refresh them, check the findings. ``keep``: record into this (empty) folder
+    and leave the files there (to profile the merge on them); else a temporary one."""
+    faults = Faults.spread(world_size, iterations)
+    t_gen = time.perf_counter()
+    streams = rank_streams(world_size, iterations, faults)
+    generated_s = time.perf_counter() - t_gen
+    expected = expected_counts(streams)
+    total = sum(sum(c.values()) for c in expected.values())
+    job = f"bench-wide-{os.getpid()}-{time.time_ns()}"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = keep if keep is not None else Path(tmp) / "record"
+        spec = {"folder": str(folder), "world_size": world_size, "job": job}
+        plans = write_plans(streams, workers, Path(tmp), record=spec)
+        del streams
+        procs, results, start = _start_workers(plans, Path(tmp), timeout)
+        try:
+            for p in procs:
+                p.wait(timeout=max(1.0, start + timeout - time.monotonic()))
+                if p.returncode:
+                    raise RuntimeError(f"a worker exited {p.returncode}")
+        finally:
+            _reap(procs)
+        written_s = time.monotonic() - start  # every rank's file written and closed
+        workers_out = [msgspec.json.decode(p.read_bytes()) for p in results]
+        files = sorted(folder.glob("*.jsonl"))
+        size = sum(f.stat().st_size for f in files)
+        with gc_pauses() as merge_gc:
+            merged, merge_warnings = load_timed(folder)
+        run = merged["run"]
+        tally = _tally(run, expected)
+        timings = Timings(phase="catch_up")
+        classes = {name: type(run.model(name)) for name in VIEWS}
+        with timed_updates(classes, timings), gc_pauses() as views_gc:
+            t_setup = time.perf_counter()
+            shown = build_views(run, timings)
+            setup_s = time.perf_counter() - t_setup
+            live.tick(force=True)  # the first refresh: the whole run is there
+            timings.phase = "idle"
+            for _ in range(idle_ticks):
+                live.tick(force=True)
+            t_check = time.perf_counter()
+            findings = check_findings(run, faults, iterations)
+            check_s = time.perf_counter() - t_check
+            for view in shown.values():
+                _close(view.widget)
+    return {
+        "world_size": world_size,
+        "iterations": iterations,
+        "workers": workers,
+        "events": total,
+        "generated_s": generated_s,
+        "written_s": written_s,
+        "emit_s": max(w["last_emit"] for w in workers_out) - start,
+        "files": len(files),
+        "bytes": size,
+        "merge_s": merged["seconds"],
+        "merge_warnings": merge_warnings,
+        "merge_gc": merge_gc,
+        "views_gc": views_gc,
+        "views_built_s": setup_s,
+        "findings_s": check_s,
+        **tally,
+        "dropped": sum(sum(w["dropped"].values()) for w in workers_out),
+        "torch_in_workers": any(w["torch"] for w in workers_out),
+        "refresh": _refresh_summary(timings),
+        "models": {
+            name: {"update_s": timings.update_s[name], "updates": timings.updates[name]}
+            for name in VIEWS
+        },
+        "findings": findings,
+        "faults": dataclasses.asdict(faults),
+    }
+
+
+def load_timed(folder: Path) -> tuple[dict[str, Any], list[str]]:
+    """``ish.load(folder)`` timed (``{"run", "seconds"}``), and the warnings it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ish.RecordingWarning)
+        t0 = time.perf_counter()
+        run = ish.load(folder)
+        seconds = time.perf_counter() - t0
+    return {"run": run, "seconds": seconds}, [str(w.message) for w in caught]
+
+
+def expected_counts(streams: dict[int, list[Event]]) -> dict[int, collections.Counter[str]]:
+    """Per rank, the events of each kind it sends: its stream and ``BOOKENDS``."""
+    out = {r: collections.Counter(e.kind for e in events) for r, events in streams.items()}
+    for counts in out.values():
+        counts.update(BOOKENDS)
+    return out
+
+
+def _tally(run: Run, expected: dict[int, collections.Counter[str]]) -> dict[str, Any]:
+    """What the store holds against what the ranks sent: ``stored`` (events of the
+    kinds sent), ``lost`` and ``surplus`` by rank and kind (empty: none), and
+    ``emitter_own`` (events of other kinds, by kind: the emitter's ``overhead``)."""
+    stored = _stored(run)
+    lost: dict[int, dict[str, int]] = {}
+    surplus: dict[int, dict[str, int]] = {}
+    own: collections.Counter[str] = collections.Counter()
+    for r in sorted(set(expected) | set(stored)):
+        want, got = expected.get(r, collections.Counter()), stored.get(r, {})
+        if short := {k: n - got.get(k, 0) for k, n in want.items() if got.get(k, 0) < n}:
+            lost[r] = short
+        more = {k: n - want[k] for k, n in got.items() if k in want and n > want[k]}
+        if more:
+            surplus[r] = more
+        own.update({k: n for k, n in got.items() if k not in want})
+    kept = sum(n for r, d in stored.items() for k, n in d.items() if k in expected.get(r, {}))
+    return {"stored": kept, "lost": lost, "surplus": surplus, "emitter_own": dict(own)}
+
+
+def _start_workers(
+    plans: list[Path], tmp: Path, timeout: float
+) -> tuple[list[subprocess.Popen[bytes]], list[Path], float]:
+    """One worker per plan, started at once when all are ready: (processes, their
+    result files, the monotonic time of the start signal)."""
+    results = [tmp / f"result{w}.json" for w in range(len(plans))]
+    ready = [tmp / f"ready{w}" for w in range(len(plans))]
+    go = tmp / "go"
+    procs = [
+        subprocess.Popen([sys.executable, str(WORKER), str(p), str(out), str(r), str(go)])
+        for p, out, r in zip(plans, results, ready, strict=True)
+    ]
+    try:
+        _wait_ready(procs, ready, timeout)
+    except BaseException:
+        _reap(procs)
+        raise
+    start = time.monotonic()
+    go.touch()
+    return procs, results, start
+
+
+def _reap(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
 
 
 def _note_when_full(run: Run, total: int) -> list[float]:

@@ -83,6 +83,9 @@ class RawEvents:
         # it found them decreasing, every lookup indexes first.
         self.ordered = True
         self._last: dict[int, int] = {}  # rank -> iteration of its last indexed event
+        # newest()'s last answer and what it read: a live view asks 10 times a second,
+        # and a walk past every rank of a wide run reads thousands of events.
+        self._newest: tuple[tuple[Any, ...], int | None] | None = None
 
     def __len__(self) -> int:
         return self._n
@@ -189,7 +192,18 @@ class RawEvents:
     def newest(self, ranks: Collection[int]) -> int | None:
         """The highest iteration of the events not indexed yet: walked back from the
         newest until each of ``ranks`` (and every rank met) was seen once, else indexed.
-        None when every event is indexed."""
+        None when every event is indexed. The same answer as last time while nothing
+        changed (no event added or indexed, the same ``ranks``)."""
+        state = (self.added, self._n, self.indexed, self.ordered, frozenset(ranks))
+        if self._newest is not None and self._newest[0] == state:
+            return self._newest[1]
+        found = self._newest_walked(ranks)
+        # Kept only when the walk changed nothing (indexing changes the answer's basis).
+        if state == (self.added, self._n, self.indexed, self.ordered, state[-1]):
+            self._newest = (state, found)
+        return found
+
+    def _newest_walked(self, ranks: Collection[int]) -> int | None:
         if self.indexed == self._n:
             return None
         if not self.ordered:

@@ -26,16 +26,34 @@ The offsets applied are kept in ``RunInfo.extra["clock_offsets_s"]`` by host.
 
 Caveats: a host whose wall clock is off by seconds shifts by as much here; the
 timeline's refinement still aligns its spans.
+
+Note [A merged run skips the young collections]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Background: a merged run's payloads are millions of lists and dicts (7 million at 256
+ranks of 300 iterations). The load pauses the garbage collector (Note [Pausing the
+collector's GC]); when it comes back on, its first young collection walks them all
+(2 of the merge's 6.5 s there), a middle collection walks them again soon after (3 s,
+in whatever runs next), and a full one takes them to the oldest generation. They live
+as long as the run and make no cycles: those walks find nothing.
+
+Algorithm: at the end of the load, ``gc.freeze()`` then ``gc.unfreeze()`` moves every
+object the collector tracks into the oldest generation at once (a list splice, no
+walk); the next full collection looks at them, as it would have.
+
+Caveats: the process's other young objects move too (a garbage cycle among them is
+collected at the next full collection instead of a young one). Skipped when the
+program froze objects itself (``gc.freeze``: unfreezing would thaw them).
 """
 
 from __future__ import annotations
 
+import gc
+import operator
 import os
 import statistics
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +77,10 @@ from interactive_shard.telemetry.store import RunInfo, RunStore
 
 __all__ = ["load_folder"]
 
-CHUNK_BYTES = 8 * 1024 * 1024  # lines are decoded a chunk at a time, in one call
 _events = msgspec.json.Decoder(list[Event])
 _one = msgspec.json.Decoder(Event)
+_RANK = operator.attrgetter("rank")
+_T = operator.attrgetter("t")
 _ENDED = {RankState.FINISHED.value, RankState.FAILED.value}
 
 
@@ -106,25 +125,36 @@ def load_folder(folder: str | os.PathLike[str]) -> RunStore:
     files = _newest_job(files)
     world_size = _world_size(files)
     files = _one_per_rank(files, world_size)
-    with paused():  # Note [Pausing the collector's GC] (recording.py)
+    head = files[0].header
+    # The store is filled within the pause too: its scalar rows and runs make objects
+    # by the hundred thousand, each collection then walking every event loaded so far.
+    with paused():  # Note [Pausing the collector's GC] (_gc.py)
         for f in files:
             _read_events(f)
         events = _merge(files, world_size)
-    head = files[0].header
-    store = RunStore(
-        RunInfo(
-            world_size=world_size,
-            backend=head.backend,
-            device_types=head.device_types,
-            schema_version=head.schema_version,
-            package_version=head.package_version,
-            torch_version=head.torch_version,
-            name=files[0].info.job,
-            extra={"rank_files": len(files), "clock_offsets_s": _clock_offsets(files)},
+        store = RunStore(
+            RunInfo(
+                world_size=world_size,
+                backend=head.backend,
+                device_types=head.device_types,
+                schema_version=head.schema_version,
+                package_version=head.package_version,
+                torch_version=head.torch_version,
+                name=files[0].info.job,
+                extra={"rank_files": len(files), "clock_offsets_s": _clock_offsets(files)},
+            )
         )
-    )
-    store.extend(events)
+        store.extend(events)
+        _promote()
     return store
+
+
+def _promote() -> None:
+    """Every tracked object into the oldest generation, without a collection (Note [A
+    merged run skips the young collections])."""
+    if gc.get_freeze_count() == 0:  # nothing frozen by the program: unfreeze thaws ours only
+        gc.freeze()
+        gc.unfreeze()
 
 
 def _header_of(path: Path) -> RankFile | str:
@@ -195,14 +225,26 @@ def _read_events(f: RankFile) -> None:
     rank = f.info.rank
     with f.path.open("rb") as stream:
         stream.readline(MAX_LINE_BYTES + 1)  # the header, read already
-        for lines in _chunks(stream):
-            try:
-                events = _events.decode(b"[" + b",".join(lines) + b"]")
-            except (msgspec.DecodeError, RecursionError):
-                events = []
-            if len(events) == len(lines) and all(e.rank == rank for e in events):
-                f.events += events
-                continue
+        for data, whole in _chunks(stream):
+            events: list[Event] = []
+            if whole:  # a chunk of whole lines: one decode, one check of the ranks
+                # Its lines joined by "," each with its newline, "[l1\n,l2\n]": the text
+                # a join of the lines makes, without splitting them.
+                ended = data.endswith(b"\n")
+                joined = data.replace(b"\n", b"\n,")
+                body = memoryview(joined)[:-1] if ended else joined  # no "," after the last
+                try:
+                    events = _events.decode(b"".join((b"[", body, b"]")))
+                except (msgspec.DecodeError, RecursionError):
+                    pass
+                n = len(joined) - len(data) + (0 if ended else 1)  # one "," a newline
+                del joined, body
+                if len(events) == n and list(map(_RANK, events)).count(rank) == n:
+                    f.events += events
+                    continue
+            # Something is wrong in this chunk (or a line in it is blank): line by line,
+            # as before, to find the first bad line and keep what precedes it.
+            lines = [line for line in _lines(data) if line.strip()] if whole else [data]
             for n, line in enumerate(lines):  # find the first bad line; keep what precedes
                 problem = _problem(line, rank)
                 if problem is not None:
@@ -216,21 +258,38 @@ def _read_events(f: RankFile) -> None:
             f.events += _good(lines)
 
 
-def _chunks(stream: Any) -> Iterator[list[bytes]]:
-    """Non-blank lines, a chunk of about ``CHUNK_BYTES`` at a time (a bounded read: a line
-    over the limit is never held whole; it ends the chunk it is in)."""
-    read = partial(stream.readline, MAX_LINE_BYTES + 1)
-    lines: list[bytes] = []
-    size = 0
-    for line in iter(read, b""):
-        if line.strip():
-            lines.append(line)
-            size += len(line)
-        if size >= CHUNK_BYTES or len(line) > MAX_LINE_BYTES:
-            yield lines
-            lines, size = [], 0
-    if lines:
-        yield lines
+def _chunks(stream: Any) -> Iterator[tuple[bytes, bool]]:
+    """What follows the header, as chunks of whole lines of at most ``MAX_LINE_BYTES``
+    together (so none of their lines is over the limit; the last chunk may end in a line
+    with no newline), each with True; or, where a line is over the limit, its first
+    ``MAX_LINE_BYTES + 1`` bytes with False, and nothing after: a bounded read never
+    holds such a line whole, and the file is damaged there."""
+    rest = b""  # the start of a line whose end is not read yet
+    while True:
+        block = stream.read(MAX_LINE_BYTES - len(rest))  # a chunk starts at a line's start
+        data = rest + block if rest else block
+        if not block:  # the end of the file: a last line with no newline, if any
+            if data:
+                yield data, True
+            return
+        end = data.rfind(b"\n") + 1
+        if end:
+            yield data[:end], True
+            rest = data[end:]
+        elif len(data) < MAX_LINE_BYTES:
+            rest = data  # a short read: only at the end of the file
+        else:  # MAX_LINE_BYTES bytes with no newline: the line is longer
+            yield data + stream.read(1), False
+            return
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """``data``'s lines, each with its newline (the last may have none)."""
+    parts = data.split(b"\n")
+    lines = [part + b"\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
 
 
 def _problem(line: bytes, rank: int) -> str | None:
@@ -269,9 +328,9 @@ def _merge(files: list[RankFile], world_size: int) -> list[Event]:
         events.append(
             Event(State.KIND, rank, 0, min((e.t for e in events), default=0.0), payload(note))
         )
-    times = np.fromiter((e.t for e in events), float, len(events))
+    times = np.fromiter(map(_T, events), float, len(events))
     order = np.argsort(times, kind="stable")
-    return [events[i] for i in order.tolist()]
+    return list(map(events.__getitem__, order.tolist()))
 
 
 def _shifted(event: Event, dt: float) -> Event:

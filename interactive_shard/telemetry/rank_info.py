@@ -20,7 +20,10 @@ class Ranks:
     """The latest ``RankInfo`` of each rank of ``store`` (``update`` reads what is new)."""
 
     def __init__(self, store: RunStore) -> None:
-        self._cursor = Cursor(store, {RankInfo.KIND: RankInfo})
+        # The store through a weak proxy: this reader is its value in ``_READERS``, keyed
+        # weakly by the store, and a value that held its key would keep every run's
+        # store (all its events) alive for the kernel's life.
+        self._cursor = Cursor(weakref.proxy(store), {RankInfo.KIND: RankInfo})
         self.info: dict[int, RankInfo] = {}
         self._by = ""  # what labels name: "node", "host" or nothing (one place)
 

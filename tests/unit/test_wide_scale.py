@@ -1,21 +1,25 @@
 """What a 256-rank run (``benchmarks/bench_wide.py``) needed: the rank file reader's
-chunks (whole lines, a bounded read), a cursor's read with nothing new, and the
-timeline's origin while ranks keep arriving."""
+chunks (whole lines, a bounded read), a cursor's read with nothing new, the timeline's
+origin while ranks keep arriving, the bucket map's newest iteration not walked again
+while nothing arrives, and a run's store not kept alive by its rank reader."""
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import make_store
 
-from interactive_shard.telemetry import rank_files
+from interactive_shard.buckets.model import BucketMap
+from interactive_shard.telemetry import rank_files, rank_info
 from interactive_shard.telemetry.rank_file import FileEmitter
 from interactive_shard.telemetry.recording import RecordingWarning
 from interactive_shard.telemetry.schema import Event
-from interactive_shard.testing import FakeTimeline
+from interactive_shard.testing import FakeRun, FakeTimeline, mlp_params
 from interactive_shard.timeline.model import TimelineModel
 
 LIMIT = 512  # the line limit in these tests (a header fits): a file is many chunks
@@ -118,3 +122,47 @@ def test_the_origin_reads_while_more_ranks_arrive() -> None:
     model._decode = arriving  # type: ignore[method-assign]
     assert model.origin is not None
     assert model.ranks == [0, 1, 2]
+
+
+def test_the_rank_reader_does_not_keep_its_store_alive() -> None:
+    store = make_store([Event("rank", 1, 0, 0.0, {"host": "a", "pid": 1, "wall": 1.0})])
+    assert rank_info.of(store).label(1) == "1"
+    gone = weakref.ref(store)
+    del store
+    gc.collect()
+    assert gone() is None
+
+
+def test_the_newest_bucket_iteration_is_walked_to_once_while_nothing_arrives() -> None:
+    def events(first: int, last: int) -> list[Event]:
+        fake = FakeRun(mlp_params(2, 8), world_size=4, iterations=last)
+        return [e for e in fake.events() if e.kind == "ddp_watch" or e.step >= first]
+
+    store = make_store(events(1, 3), world_size=4)
+    bm = BucketMap(store)
+    walked = 0
+    walk = bm._buckets._walk
+
+    def counted() -> Any:
+        nonlocal walked
+        walked += 1
+        return walk()
+
+    bm._buckets._walk = counted  # type: ignore[method-assign]
+    assert bm.newest == 3 and bm.newest == 3
+    assert walked == 1  # asked again, nothing new: the same answer, not walked again
+    store.extend(e for e in events(4, 4) if e.kind != "ddp_watch" and e.step == 4)
+    assert bm.newest == 4 and walked == 2
+
+
+def test_a_merge_leaves_what_the_program_froze_frozen(tmp_path: Path) -> None:
+    _file(tmp_path)
+    rank_files.load_folder(tmp_path)
+    assert gc.get_freeze_count() == 0  # what the load froze, it unfroze
+    gc.freeze()
+    try:
+        events, warned = _load(tmp_path)
+        assert warned == [] and len(events) == 42
+        assert gc.get_freeze_count() > 0  # still frozen (fewer as frozen objects are freed)
+    finally:
+        gc.unfreeze()

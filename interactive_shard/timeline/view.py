@@ -38,6 +38,9 @@ MAX_ORDER = 200  # spans listed in the order panel; all are in model.order(...)
 MAX_ITERATION_OPTIONS = 100
 RECENT_OPTIONS = 50
 FINDINGS_WINDOW = 20  # the status checks the latest iterations (run.timeline.findings: all)
+# ... of at most this many (rank, iteration)s: at 256 ranks 20 iterations are 5,120
+# summaries to decode at every refresh while a run streams (seconds, bench_wide.py).
+FINDINGS_CHECKED = 320
 Showing = Literal["a", "b", "both"]  # this run, the other run, side by side
 EXPORT = (
     "<b>Export</b>: <code>run.timeline.to_chrome_trace('timeline.json')</code> writes every "
@@ -172,9 +175,10 @@ class TimelineView(PanelView[TimelineModel]):
                 + (f" · {m.skipped} malformed event(s) skipped" if m.skipped else "")
             )
             # A long run: the latest iterations only (all of them would read every span).
-            window = m.recent(FINDINGS_WINDOW) if count > FINDINGS_WINDOW else None
+            latest = max(1, min(FINDINGS_WINDOW, FINDINGS_CHECKED // max(1, len(m.ranks))))
+            window = m.recent(latest) if count > latest else None
             checked = (
-                f" (the latest {FINDINGS_WINDOW} of {count:,} iterations checked; "
+                f" (the latest {latest} of {count:,} iterations checked; "
                 "run.timeline.findings checks every one)"
                 if window is not None
                 else ""

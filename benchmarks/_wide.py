@@ -239,7 +239,7 @@ def stream(
                 _close(view.widget)
         workers_out = [msgspec.json.decode(p.read_bytes()) for p in results]
         tally = _tally(run, expected)
-        rejected = listener._collector.rejected_by_reason  # no public accessor on a Listener
+        rejected = listener.refused
     t_all = filled[0] if filled else time.monotonic()  # not full: the loss shows below
     return {
         "world_size": world_size,

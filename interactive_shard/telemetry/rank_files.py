@@ -70,10 +70,10 @@ from interactive_shard.telemetry._recording_checks import (
 )
 from interactive_shard.telemetry.rank_file import SUFFIX
 from interactive_shard.telemetry.rank_state import RankState
-from interactive_shard.telemetry.recording import read_header
+from interactive_shard.telemetry.recording import read_header, run_info
 from interactive_shard.telemetry.run_events import RankInfo, State, payload
 from interactive_shard.telemetry.schema import Event
-from interactive_shard.telemetry.store import RunInfo, RunStore
+from interactive_shard.telemetry.store import RunStore
 
 __all__ = ["load_folder"]
 
@@ -132,18 +132,8 @@ def load_folder(folder: str | os.PathLike[str]) -> RunStore:
         for f in files:
             _read_events(f)
         events = _merge(files, world_size)
-        store = RunStore(
-            RunInfo(
-                world_size=world_size,
-                backend=head.backend,
-                device_types=head.device_types,
-                schema_version=head.schema_version,
-                package_version=head.package_version,
-                torch_version=head.torch_version,
-                name=files[0].info.job,
-                extra={"rank_files": len(files), "clock_offsets_s": _clock_offsets(files)},
-            )
-        )
+        extra = {"rank_files": len(files), "clock_offsets_s": _clock_offsets(files)}
+        store = RunStore(run_info(head, world_size=world_size, name=files[0].info.job, extra=extra))
         store.extend(events)
         _promote()
     return store

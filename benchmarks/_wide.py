@@ -229,14 +229,7 @@ def stream(
                     _reap(procs)  # only when _drive failed: they all exited otherwise
                 timings.phase = "catch_up"  # what arrived since the last throttled tick
                 live.tick(force=True)
-            timings.phase = "idle"
-            for _ in range(idle_ticks):
-                live.tick(force=True)
-            t_check = time.perf_counter()
-            findings = check_findings(run, faults, iterations)
-            check_s = time.perf_counter() - t_check
-            for view in shown.values():
-                _close(view.widget)
+            findings, check_s = _settle(run, shown, timings, faults, iterations, idle_ticks)
         workers_out = [msgspec.json.decode(p.read_bytes()) for p in results]
         tally = _tally(run, expected)
         rejected = listener.refused
@@ -316,14 +309,7 @@ def record(
             shown = build_views(run, timings)
             setup_s = time.perf_counter() - t_setup
             live.tick(force=True)  # the first refresh: the whole run is there
-            timings.phase = "idle"
-            for _ in range(idle_ticks):
-                live.tick(force=True)
-            t_check = time.perf_counter()
-            findings = check_findings(run, faults, iterations)
-            check_s = time.perf_counter() - t_check
-            for view in shown.values():
-                _close(view.widget)
+            findings, check_s = _settle(run, shown, timings, faults, iterations, idle_ticks)
     return {
         "world_size": world_size,
         "iterations": iterations,
@@ -551,3 +537,19 @@ def check_findings(run: Run, faults: Faults, iterations: int) -> dict[str, dict[
         "ok": ("full_precision", "1", odd) in precision and all(r == odd for *_, r in precision),
     }
     return out
+
+
+def _settle(
+    run: Any, shown: dict[str, Any], timings: Any, faults: Any, iterations: int, idle_ticks: int
+) -> tuple[Any, float]:
+    """The idle refreshes, then the findings and how long checking them took; the views
+    close."""
+    timings.phase = "idle"
+    for _ in range(idle_ticks):
+        live.tick(force=True)
+    t_check = time.perf_counter()
+    findings = check_findings(run, faults, iterations)
+    check_s = time.perf_counter() - t_check
+    for view in shown.values():
+        _close(view.widget)
+    return findings, check_s

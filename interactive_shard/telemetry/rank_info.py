@@ -8,6 +8,7 @@ lists hosts, and a recording's loader puts hosts on one clock. One reader per st
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 from interactive_shard.telemetry.consume import Cursor
 from interactive_shard.telemetry.run_events import RankInfo
@@ -40,18 +41,17 @@ class Ranks:
 
     def nodes(self) -> dict[int, list[int]]:
         """Node -> its ranks (those that said where they run)."""
-        self.update()
-        found: dict[int, list[int]] = {}
-        for rank, info in sorted(self.info.items()):
-            found.setdefault(info.node, []).append(rank)
-        return found
+        return self._grouped("node")
 
     def hosts(self) -> dict[str, list[int]]:
         """Host name -> its ranks."""
+        return self._grouped("host")
+
+    def _grouped(self, field: str) -> dict[Any, list[int]]:
         self.update()
-        found: dict[str, list[int]] = {}
+        found: dict[Any, list[int]] = {}
         for rank, info in sorted(self.info.items()):
-            found.setdefault(info.host, []).append(rank)
+            found.setdefault(getattr(info, field), []).append(rank)
         return found
 
     def label(self, rank: int) -> str:
